@@ -1,0 +1,29 @@
+#pragma once
+/// CSV logs: one row per epoch (metrics.csv) and one per training step (steps.csv).
+
+#include "mixtrain/callback.h"
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace mixtrain::callbacks {
+
+/// Writes `dir/metrics.csv` (epoch, train_loss, valid_loss, metrics..., seconds)
+/// and `dir/steps.csv` (iter, epoch, loss, smooth_loss, lr). Rows are flushed at
+/// the end of every epoch, so a crashed run keeps what it finished. The files are
+/// created at the first fit; later fits on the same logger append.
+class CSVLogger : public Callback {
+ public:
+  explicit CSVLogger(std::string dir);
+  std::string name() const override { return "CSVLogger"; }
+  void before_fit(Learner& learn) override;
+  void after_epoch(Learner& learn) override;
+
+ private:
+  std::string dir_;
+  std::ofstream metrics_, steps_;
+  size_t steps_written_ = 0;
+};
+
+} // namespace mixtrain::callbacks

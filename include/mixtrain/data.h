@@ -1,0 +1,110 @@
+#pragma once
+/// In-memory datasets and loaders, the idx(.gz) reader and Fashion-MNIST.
+
+#include <ATen/core/Generator.h>
+#include <torch/types.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mixtrain::data {
+
+/// Where Debian's `dataset-fashion-mnist` package puts the files.
+constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+/// Fashion-MNIST pixel statistics (after scaling to [0, 1]), as fastai uses them.
+constexpr double kFashionMnistMean = 0.2860;
+constexpr double kFashionMnistStd = 0.3530;
+
+/// Inputs and targets, indexed along dim 0.
+struct Dataset {
+  torch::Tensor x;
+  torch::Tensor y;
+  int64_t size() const { return x.defined() ? x.size(0) : 0; }
+  /// The first `n` samples (all of them when n >= size()).
+  Dataset head(int64_t n) const;
+};
+
+/// A training and a validation set.
+struct DatasetSplit {
+  Dataset train;
+  Dataset valid;
+};
+
+/// One mini-batch.
+struct Batch {
+  torch::Tensor x;
+  torch::Tensor y;
+  int64_t size() const { return x.size(0); }
+};
+
+struct DataLoaderOptions {
+  /// Samples per batch.
+  TORCH_ARG(int64_t, batch_size) = 64;
+  /// Reshuffle every epoch from the loader's own seeded generator.
+  TORCH_ARG(bool, shuffle) = false;
+  /// Drop the last incomplete batch (fastai does for training).
+  TORCH_ARG(bool, drop_last) = false;
+  /// Seed of the shuffling generator.
+  TORCH_ARG(uint64_t, seed) = 0;
+};
+
+/// Batches over an in-memory Dataset. Each `begin()` starts a new epoch and,
+/// when shuffling, draws a new permutation from the loader's generator, so the
+/// sequence of epochs is reproducible from the seed alone.
+class DataLoader {
+ public:
+  DataLoader() = default;
+  DataLoader(Dataset dataset, DataLoaderOptions options);
+
+  class Iterator {
+   public:
+    Iterator(const DataLoader* loader, int64_t index, torch::Tensor order)
+        : loader_(loader), index_(index), order_(std::move(order)) {}
+    Batch operator*() const;
+    Iterator& operator++() { ++index_; return *this; }
+    bool operator!=(const Iterator& other) const { return index_ != other.index_; }
+   private:
+    const DataLoader* loader_;
+    int64_t index_;
+    torch::Tensor order_;  // permutation for this epoch (undefined: sequential)
+  };
+
+  Iterator begin();
+  Iterator end() const { return Iterator(this, num_batches(), {}); }
+
+  /// Batches per epoch.
+  int64_t num_batches() const;
+  const Dataset& dataset() const { return dataset_; }
+  const DataLoaderOptions& options() const { return options_; }
+  /// The shuffling generator (its state is what a checkpoint needs).
+  at::Generator& generator() { return generator_; }
+
+ private:
+  Dataset dataset_;
+  DataLoaderOptions options_;
+  at::Generator generator_;
+};
+
+/// Training loader (shuffled, drop_last, as fastai) and validation loader.
+struct DataLoaders {
+  DataLoader train;
+  DataLoader valid;
+  DataLoaders() = default;
+  DataLoaders(DataLoader train, DataLoader valid)
+      : train(std::move(train)), valid(std::move(valid)) {}
+  /// fastai's defaults: train shuffled with drop_last, valid in order.
+  static DataLoaders from_split(const DatasetSplit& split, int64_t batch_size, uint64_t seed);
+};
+
+/// Reads an idx file (raw, or gzip-compressed when the name ends in ".gz").
+/// Only unsigned-byte data (type 0x08) is supported, as in (Fashion-)MNIST.
+/// Throws c10::Error naming the file and the problem: missing file, not gzip,
+/// truncated data, bad magic, bad dims, size mismatch, trailing bytes.
+torch::Tensor read_idx(const std::string& path);
+
+/// Loads Fashion-MNIST from `dir` (train: 60000, valid: the 10000 test images),
+/// as float images [N,1,28,28] normalized with kFashionMnistMean/Std and int64 labels.
+DatasetSplit fashion_mnist(const std::string& dir = kFashionMnistDir);
+
+} // namespace mixtrain::data

@@ -1,0 +1,168 @@
+#pragma once
+/// Learner: a model, its data, a loss and an optimizer, trained by a loop that
+/// fires fastai's events. Everything beyond the bare loop (recording, progress,
+/// schedules, mixed precision) is a callback.
+
+#include "mixtrain/callback.h"
+#include "mixtrain/data.h"
+#include "mixtrain/metrics.h"
+#include "mixtrain/recorder.h"
+#include "mixtrain/schedule.h"
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace mixtrain {
+
+/// loss(pred, target) -> scalar tensor.
+using LossFn = std::function<torch::Tensor(const torch::Tensor& pred, const torch::Tensor& target)>;
+/// Builds an optimizer over `params` with learning rate `lr`.
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>& params, double lr)>;
+
+/// fastai's default optimizer: AdamW with betas (0.9, 0.99), eps 1e-5, decoupled weight decay 0.01.
+OptimizerFactory adamw(double beta1 = 0.9, double beta2 = 0.99, double eps = 1e-5, double weight_decay = 0.01);
+/// SGD with momentum and (coupled) weight decay.
+OptimizerFactory sgd(double momentum = 0.9, double weight_decay = 0.0);
+/// Mean cross-entropy over class logits [N, C] and int64 targets [N].
+LossFn cross_entropy();
+
+/// A type-erased model: any torch::nn::Module holder whose forward takes and
+/// returns one Tensor (Sequential, Linear, or a user-defined TORCH_MODULE).
+class Model {
+ public:
+  Model() = default;
+  template <typename Holder, typename = decltype(std::declval<Holder&>()->forward(std::declval<torch::Tensor>()))>
+  Model(Holder holder)  // NOLINT: implicit on purpose, so a Learner takes any holder
+      : module_(holder.ptr()),
+        forward_([holder](const torch::Tensor& x) mutable -> torch::Tensor { return holder->forward(x); }) {}
+
+  torch::Tensor forward(const torch::Tensor& x) const { return forward_(x); }
+  torch::Tensor operator()(const torch::Tensor& x) const { return forward_(x); }
+  torch::nn::Module& module() const { return *module_; }
+  std::shared_ptr<torch::nn::Module> ptr() const { return module_; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::function<torch::Tensor(const torch::Tensor&)> forward_;
+};
+
+struct LearnerOptions {
+  /// Optimizer factory (default: fastai's AdamW).
+  TORCH_ARG(OptimizerFactory, opt_func) = adamw();
+  /// Metrics computed on the validation set every epoch.
+  TORCH_ARG(std::vector<Metric>, metrics);
+  /// Attach the progress printer (live bar on a TTY, one line per epoch otherwise).
+  TORCH_ARG(bool, progress) = true;
+  /// Device for the model and batches.
+  TORCH_ARG(torch::Device, device) = torch::Device(torch::kCPU);
+};
+
+/// fastai's default learning rate for fit / fit_one_cycle.
+constexpr double kDefaultLr = 1e-3;
+
+/// Trains a model with callbacks, as fastai's Learner.
+///
+/// Example:
+///   auto split = mixtrain::data::fashion_mnist();
+///   mixtrain::Learner learn(mixtrain::models::simple_cnn(),
+///                           mixtrain::data::DataLoaders::from_split(split, 256, 42),
+///                           mixtrain::cross_entropy(),
+///                           mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}));
+///   learn.fit_one_cycle(1, 3e-3);
+///   double acc = learn.recorder().values().back().metrics[0];
+class Learner {
+ public:
+  Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOptions options = {});
+
+  /// Trains `n_epoch` epochs at constant `lr`. `cbs` are attached for this fit only.
+  void fit(int64_t n_epoch, double lr = kDefaultLr, std::vector<CallbackPtr> cbs = {});
+  /// Trains with the one-cycle policy (lr and momentum schedules), fastai's defaults.
+  void fit_one_cycle(int64_t n_epoch, double lr_max = kDefaultLr, OneCycleOptions options = {},
+                     std::vector<CallbackPtr> cbs = {});
+  /// Runs the validation set: returns {valid_loss, metric...}.
+  std::vector<double> validate();
+  /// Predictions and targets over the validation set, concatenated.
+  std::pair<torch::Tensor, torch::Tensor> get_preds();
+
+  /// Attaches a callback (kept sorted by `order`, stable). Returns *this for chaining.
+  Learner& add_cb(CallbackPtr cb);
+  /// Detaches a callback; no-op when it is not attached.
+  Learner& remove_cb(const CallbackPtr& cb);
+  /// The attached callbacks, in run order.
+  const std::vector<CallbackPtr>& cbs() const { return cbs_; }
+  /// The first attached callback of type T, or nullptr.
+  template <typename T>
+  std::shared_ptr<T> get_cb() const {
+    for (const auto& cb : cbs_)
+      if (auto t = std::dynamic_pointer_cast<T>(cb)) return t;
+    return nullptr;
+  }
+
+  // ---- What callbacks may read and change ----------------------------------
+  Model& model() { return model_; }
+  data::DataLoaders& dls() { return dls_; }
+  const LossFn& loss_fn() const { return loss_fn_; }
+  /// The optimizer, created from opt_func on first use (as fastai's create_opt).
+  torch::optim::Optimizer& opt();
+  bool has_opt() const { return static_cast<bool>(opt_); }
+  /// Replaces the optimizer (e.g. rebuilt over fp32 master weights).
+  void set_opt(std::unique_ptr<torch::optim::Optimizer> opt) { opt_ = std::move(opt); }
+  Recorder& recorder() { return *recorder_; }
+  const LearnerOptions& options() const { return options_; }
+  torch::Device device() const { return options_.device(); }
+
+  /// Current batch (inputs and targets); replaceable in before_batch.
+  data::Batch& batch() { return batch_; }
+  /// Model output of the current batch; replaceable in after_pred.
+  torch::Tensor& pred() { return pred_; }
+  /// Detached loss of the current batch (what is logged); replaceable in after_loss.
+  torch::Tensor& loss() { return loss_; }
+  /// The loss backward runs on (fastai's loss_grad); scaled by mixed precision.
+  torch::Tensor& loss_grad() { return loss_grad_; }
+
+  bool training() const { return training_; }
+  int64_t epoch() const { return epoch_; }
+  int64_t n_epoch() const { return n_epoch_; }
+  /// Batch index within the current train or validation pass.
+  int64_t iter() const { return iter_; }
+  /// Batches in the current pass.
+  int64_t n_iter() const { return n_iter_; }
+  /// Training batches done in this fit.
+  int64_t train_iter() const { return train_iter_; }
+  /// Training progress in [0, 1): train_iter / (n_epoch * batches per epoch).
+  double pct_train() const;
+
+ private:
+  void run(Event event);
+  template <typename Cancel, typename F>
+  void with_events(F&& body, Event before, Event after_cancel, Event after);
+  void do_fit();
+  void do_epoch();
+  void all_batches(data::DataLoader& dl);
+  void one_batch(int64_t i, const data::Batch& b);
+  void do_one_batch();
+  void do_validate_epoch();
+
+  Model model_;
+  data::DataLoaders dls_;
+  LossFn loss_fn_;
+  LearnerOptions options_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::shared_ptr<Recorder> recorder_;
+  std::vector<CallbackPtr> cbs_;
+
+  data::Batch batch_;
+  torch::Tensor pred_, loss_, loss_grad_;
+  bool training_ = false;
+  int64_t epoch_ = 0, n_epoch_ = 0, iter_ = 0, n_iter_ = 0, train_iter_ = 0;
+};
+
+} // namespace mixtrain

@@ -1,0 +1,27 @@
+#pragma once
+/// Metrics: functions of (predictions, targets) averaged over the validation set.
+
+#include <torch/types.h>
+
+#include <functional>
+#include <string>
+
+namespace mixtrain {
+
+/// A named metric. `fn` returns the batch mean as a 0-dim tensor; the Recorder
+/// averages it over the validation set weighted by batch size (fastai's AvgMetric).
+///
+/// Example (a user-defined metric):
+///   mixtrain::Metric top2{"top2", [](const torch::Tensor& p, const torch::Tensor& y) {
+///     return (p.topk(2).indices == y.unsqueeze(1)).any(1).to(torch::kFloat).mean(); }};
+struct Metric {
+  std::string name;
+  std::function<torch::Tensor(const torch::Tensor& pred, const torch::Tensor& target)> fn;
+};
+
+/// Fraction of samples whose argmax prediction equals the target.
+Metric accuracy();
+/// 1 - accuracy.
+Metric error_rate();
+
+} // namespace mixtrain

@@ -1,0 +1,92 @@
+#pragma once
+/// Recorder: per-step and per-epoch training history. It is always attached to a
+/// Learner, and unlike fastai's it keeps its history after fit and across fits.
+
+#include "mixtrain/callback.h"
+#include "mixtrain/metrics.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace mixtrain {
+
+/// One optimizer step (or attempted step).
+struct StepRecord {
+  int64_t iter = 0;          ///< running index over every training batch this Recorder saw
+  int64_t epoch = 0;         ///< epoch within its fit
+  double loss = 0;           ///< the batch loss (unscaled)
+  double smooth_loss = 0;    ///< exponentially smoothed, debiased (fastai's beta 0.98)
+  double lr = 0;             ///< learning rate of the last param group during the step
+  // Columns filled by mixed-precision callbacks; NaN / false when they are not attached.
+  double scale = std::numeric_limits<double>::quiet_NaN();      ///< loss scale used for this step
+  bool skipped = false;                                          ///< optimizer step skipped (overflow)
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  ///< unscaled global grad norm
+};
+
+/// One epoch: the row of fastai's table.
+struct EpochRecord {
+  int64_t epoch = 0;
+  double train_loss = 0;       ///< smoothed training loss at the end of the epoch (as fastai shows)
+  double valid_loss = 0;       ///< mean validation loss, weighted by batch size
+  std::vector<double> metrics; ///< one per metric, in metric_names() order
+  double seconds = 0;          ///< wall time of train + validate
+  double train_seconds = 0;    ///< wall time of the training phase alone
+  int64_t samples = 0;         ///< training samples seen
+  int64_t steps = 0;           ///< training batches run
+  int64_t skipped = 0;         ///< of which the optimizer step was skipped
+};
+
+/// Records losses, learning rates and metrics. Order 50, as in fastai.
+class Recorder : public Callback {
+ public:
+  static constexpr double kSmoothBeta = 0.98;
+
+  explicit Recorder(std::vector<Metric> metrics = {});
+  std::string name() const override { return "Recorder"; }
+
+  /// Epoch rows (fastai's `recorder.values`).
+  const std::vector<EpochRecord>& values() const { return epochs_; }
+  /// Every training step, skipped ones included.
+  const std::vector<StepRecord>& steps() const { return steps_; }
+  /// Mutable access to the latest step, for callbacks that add columns (scale, skipped).
+  StepRecord& last_step();
+  /// Names of the metric columns.
+  std::vector<std::string> metric_names() const;
+  const std::vector<Metric>& metrics() const { return metrics_; }
+  /// Results of the last validation pass: valid_loss followed by the metrics.
+  const std::vector<double>& last_validation() const { return last_validation_; }
+  /// Forgets all history.
+  void clear();
+
+  void before_fit(Learner&) override;
+  void before_epoch(Learner&) override;
+  void before_train(Learner&) override;
+  void after_train(Learner&) override;
+  void after_batch(Learner&) override;
+  void before_validate(Learner&) override;
+  void after_validate(Learner&) override;
+  void after_epoch(Learner&) override;
+
+ private:
+  std::vector<Metric> metrics_;
+  std::vector<StepRecord> steps_;
+  std::vector<EpochRecord> epochs_;
+  std::vector<double> last_validation_;
+  // Smoothed loss state (fastai's AvgSmoothLoss: lerp then debias).
+  double smooth_value_ = 0;
+  int64_t smooth_count_ = 0;
+  // Validation accumulators: sums weighted by batch size.
+  double valid_loss_sum_ = 0;
+  std::vector<double> metric_sums_;
+  int64_t valid_count_ = 0;
+  int64_t epoch_steps_ = 0;
+  int64_t epoch_skipped_ = 0;
+  double epoch_start_ = 0;
+  double train_start_ = 0;
+  double train_seconds_ = 0;
+  int64_t epoch_samples_ = 0;
+};
+
+} // namespace mixtrain

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything mixtrain needs from Debian 12's archive.
+# Idempotent: when every package is already installed it does nothing (no apt-get update).
+# Uses sudo when not root.
+set -euo pipefail
+
+PACKAGES=(
+  cmake g++ make ccache pkg-config
+  libtorch-dev libopenblas0-pthread   # OpenBLAS is essential: without it libtorch uses reference BLAS (~35x slower)
+  dataset-fashion-mnist
+  zlib1g-dev libgtest-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,45 @@
+#include "mixtrain/callbacks/csv_logger.h"
+
+#include "mixtrain/learner.h"
+
+#include <cstring>
+
+namespace mixtrain::callbacks {
+
+namespace {
+void open_or_throw(std::ofstream& f, const std::string& path) {
+  f.open(path, std::ios::out | std::ios::trunc);
+  TORCH_CHECK(f.is_open(), "Cannot write ", path, ": ", std::strerror(errno));
+  f.precision(9);
+}
+} // namespace
+
+CSVLogger::CSVLogger(std::string dir) : dir_(std::move(dir)) { order = 70; }
+
+void CSVLogger::before_fit(Learner& learn) {
+  if (metrics_.is_open()) return;
+  open_or_throw(metrics_, dir_ + "/metrics.csv");
+  open_or_throw(steps_, dir_ + "/steps.csv");
+  metrics_ << "epoch,train_loss,valid_loss";
+  for (const auto& n : learn.recorder().metric_names()) metrics_ << ',' << n;
+  metrics_ << ",seconds\n";
+  steps_ << "iter,epoch,loss,smooth_loss,lr\n";
+  steps_written_ = learn.recorder().steps().size();
+}
+
+void CSVLogger::after_epoch(Learner& learn) {
+  const Recorder& rec = learn.recorder();
+  const EpochRecord& e = rec.values().back();
+  metrics_ << e.epoch << ',' << e.train_loss << ',' << e.valid_loss;
+  for (double m : e.metrics) metrics_ << ',' << m;
+  metrics_ << ',' << e.seconds << '\n';
+  for (; steps_written_ < rec.steps().size(); ++steps_written_) {
+    const StepRecord& s = rec.steps()[steps_written_];
+    steps_ << s.iter << ',' << s.epoch << ',' << s.loss << ',' << s.smooth_loss << ',' << s.lr << '\n';
+  }
+  metrics_.flush();
+  steps_.flush();
+  TORCH_CHECK(metrics_.good() && steps_.good(), "Writing CSV logs in ", dir_, " failed (disk full?)");
+}
+
+} // namespace mixtrain::callbacks

@@ -1,0 +1,154 @@
+#include "mixtrain/data.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace mixtrain::data {
+
+Dataset Dataset::head(int64_t n) const {
+  TORCH_CHECK(n >= 0, "Invalid head size: ", n, " (must be >= 0)");
+  if (n >= size()) return *this;
+  return {x.slice(0, 0, n), y.slice(0, 0, n)};
+}
+
+DataLoader::DataLoader(Dataset dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options),
+      generator_(at::detail::createCPUGenerator(options.seed())) {
+  TORCH_CHECK(options_.batch_size() > 0, "Invalid batch_size: ", options_.batch_size(), " (must be > 0)");
+  TORCH_CHECK(dataset_.x.defined() && dataset_.y.defined(), "DataLoader needs a dataset with x and y");
+  TORCH_CHECK(dataset_.x.size(0) == dataset_.y.size(0), "Dataset x has ", dataset_.x.size(0),
+              " samples but y has ", dataset_.y.size(0));
+}
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = dataset_.size(), bs = options_.batch_size();
+  return options_.drop_last() ? n / bs : (n + bs - 1) / bs;
+}
+
+DataLoader::Iterator DataLoader::begin() {
+  torch::Tensor order;
+  if (options_.shuffle()) order = at::randperm(dataset_.size(), generator_, at::kLong);
+  return Iterator(this, 0, std::move(order));
+}
+
+Batch DataLoader::Iterator::operator*() const {
+  const Dataset& ds = loader_->dataset_;
+  const int64_t bs = loader_->options_.batch_size();
+  const int64_t start = index_ * bs, stop = std::min(start + bs, ds.size());
+  if (!order_.defined()) return {ds.x.slice(0, start, stop), ds.y.slice(0, start, stop)};
+  // index_select gathers into a fresh contiguous batch: one copy, no per-sample work.
+  torch::Tensor idx = order_.slice(0, start, stop);
+  return {ds.x.index_select(0, idx), ds.y.index_select(0, idx)};
+}
+
+DataLoaders DataLoaders::from_split(const DatasetSplit& split, int64_t batch_size, uint64_t seed) {
+  return DataLoaders(
+      DataLoader(split.train, DataLoaderOptions().batch_size(batch_size).shuffle(true).drop_last(true).seed(seed)),
+      DataLoader(split.valid, DataLoaderOptions().batch_size(batch_size)));
+}
+
+namespace {
+
+// Bounds memory on hostile input (a gzip bomb); Fashion-MNIST train is 47 MB.
+constexpr size_t kMaxIdxBytes = size_t(1) << 32;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Reads a whole file, gunzipping it when `gzipped`. Returns the bytes.
+std::vector<uint8_t> read_file_bytes(const std::string& path, bool gzipped) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  TORCH_CHECK(f, "Cannot open ", path, ": ", std::strerror(errno));
+  std::vector<uint8_t> raw;
+  uint8_t chunk[1 << 16];
+  size_t got;
+  while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) raw.insert(raw.end(), chunk, chunk + got);
+  TORCH_CHECK(!std::ferror(f.get()), "Error reading ", path);
+  if (!gzipped) return raw;
+
+  TORCH_CHECK(raw.size() >= 2 && raw[0] == 0x1f && raw[1] == 0x8b, path, " is not a gzip file");
+  // zlib's inflate with gzip framing checks the CRC and length in the trailer,
+  // so a truncated or corrupted file is reported rather than read short.
+  z_stream zs;
+  std::memset(&zs, 0, sizeof(zs));
+  TORCH_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "zlib init failed");
+  std::vector<uint8_t> out;
+  zs.next_in = raw.data();
+  zs.avail_in = static_cast<uInt>(raw.size());
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    zs.next_out = chunk;
+    zs.avail_out = sizeof(chunk);
+    rc = inflate(&zs, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      const bool truncated = rc == Z_BUF_ERROR && zs.avail_in == 0;
+      const std::string msg = zs.msg ? zs.msg : "unknown zlib error";
+      inflateEnd(&zs);
+      TORCH_CHECK(!truncated, path, " is truncated (gzip stream ends early)");
+      TORCH_CHECK(false, path, " is corrupt (", msg, ")");
+    }
+    out.insert(out.end(), chunk, chunk + (sizeof(chunk) - zs.avail_out));
+    if (out.size() > kMaxIdxBytes) {
+      inflateEnd(&zs);
+      TORCH_CHECK(false, path, " inflates to more than ", kMaxIdxBytes, " bytes; refusing to read it");
+    }
+  }
+  inflateEnd(&zs);
+  return out;
+}
+
+} // namespace
+
+torch::Tensor read_idx(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_file_bytes(path, ends_with(path, ".gz"));
+  TORCH_CHECK(bytes.size() >= 4, path, " is too short to be an idx file (", bytes.size(), " bytes)");
+  TORCH_CHECK(bytes[0] == 0 && bytes[1] == 0, path, " has a bad idx magic number (first bytes must be 0)");
+  TORCH_CHECK(bytes[2] == 0x08, path, " has idx data type 0x", std::hex, int(bytes[2]),
+              " (only unsigned byte, 0x08, is supported)");
+  const int ndims = bytes[3];
+  TORCH_CHECK(ndims >= 1 && ndims <= 4, path, " has ", ndims, " dims (expected 1 to 4)");
+  const size_t header = 4 + 4 * static_cast<size_t>(ndims);
+  TORCH_CHECK(bytes.size() >= header, path, " is truncated inside its idx header");
+  std::vector<int64_t> dims;
+  uint64_t count = 1;
+  for (int d = 0; d < ndims; ++d) {
+    const uint8_t* p = bytes.data() + 4 + 4 * d;
+    const uint64_t dim = (uint64_t(p[0]) << 24) | (uint64_t(p[1]) << 16) | (uint64_t(p[2]) << 8) | p[3];
+    count *= dim;  // <= 4 dims of < 2^32 each: bounded below by the size check that follows
+    TORCH_CHECK(count <= (uint64_t(1) << 40), path, " declares an implausible size");
+    dims.push_back(static_cast<int64_t>(dim));
+  }
+  const uint64_t payload = bytes.size() - header;
+  TORCH_CHECK(payload >= count, path, " is truncated: header declares ", count, " values but only ",
+              payload, " follow");
+  TORCH_CHECK(payload == count, path, " has ", payload - count, " trailing bytes after its ", count, " values");
+  torch::Tensor t = at::empty(dims, at::kByte);
+  if (count) std::memcpy(t.data_ptr<uint8_t>(), bytes.data() + header, count);
+  return t;
+}
+
+DatasetSplit fashion_mnist(const std::string& dir) {
+  auto load = [&](const std::string& images_file, const std::string& labels_file) {
+    const std::string ip = dir + "/" + images_file, lp = dir + "/" + labels_file;
+    torch::Tensor images = read_idx(ip), labels = read_idx(lp);
+    TORCH_CHECK(images.dim() == 3 && images.size(1) == 28 && images.size(2) == 28, ip,
+                " does not hold 28x28 images (dims ", images.sizes(), ")");
+    TORCH_CHECK(labels.dim() == 1, lp, " does not hold a 1-d label vector");
+    TORCH_CHECK(images.size(0) == labels.size(0), ip, " has ", images.size(0), " images but ", lp, " has ",
+                labels.size(0), " labels");
+    TORCH_CHECK(labels.numel() == 0 || labels.max().item<int64_t>() < 10, lp, " has labels outside 0..9");
+    torch::Tensor x = images.unsqueeze(1).to(at::kFloat).div_(255.).sub_(kFashionMnistMean).div_(kFashionMnistStd);
+    return Dataset{x, labels.to(at::kLong)};
+  };
+  return {load("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+          load("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")};
+}
+
+} // namespace mixtrain::data

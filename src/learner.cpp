@@ -1,0 +1,205 @@
+#include "mixtrain/learner.h"
+
+#include "mixtrain/callbacks/progress.h"
+
+#include <torch/nn/functional/loss.h>
+#include <torch/optim.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+
+namespace mixtrain {
+
+OptimizerFactory adamw(double beta1, double beta2, double eps, double weight_decay) {
+  return [=](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay));
+  };
+}
+
+OptimizerFactory sgd(double momentum, double weight_decay) {
+  return [=](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
+  };
+}
+
+LossFn cross_entropy() {
+  return [](const torch::Tensor& pred, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(pred, target);
+  };
+}
+
+namespace {
+
+/// Collects predictions and targets during a validation pass (for get_preds).
+class GatherPreds : public Callback {
+ public:
+  GatherPreds() { order = 100; }
+  void after_batch(Learner& learn) override {
+    if (learn.training()) return;
+    preds.push_back(learn.pred().detach());
+    targets.push_back(learn.batch().y);
+  }
+  std::vector<torch::Tensor> preds, targets;
+};
+
+} // namespace
+
+Learner::Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOptions options)
+    : model_(std::move(model)), dls_(std::move(dls)), loss_fn_(std::move(loss_fn)), options_(std::move(options)) {
+  TORCH_CHECK(model_.ptr(), "Learner needs a model");
+  TORCH_CHECK(loss_fn_, "Learner needs a loss function");
+  TORCH_CHECK(options_.opt_func(), "Learner needs an optimizer factory (opt_func)");
+  model_.module().to(options_.device());
+  recorder_ = std::make_shared<Recorder>(options_.metrics());
+  recorder_->order = 50;
+  add_cb(recorder_);
+  if (options_.progress()) add_cb(std::make_shared<callbacks::ProgressCallback>());
+}
+
+torch::optim::Optimizer& Learner::opt() {
+  if (!opt_) {
+    std::vector<torch::Tensor> params;
+    for (const auto& p : model_.module().parameters())
+      if (p.requires_grad()) params.push_back(p);
+    opt_ = options_.opt_func()(params, kDefaultLr);
+    TORCH_CHECK(opt_, "opt_func returned no optimizer");
+  }
+  return *opt_;
+}
+
+Learner& Learner::add_cb(CallbackPtr cb) {
+  TORCH_CHECK(cb, "add_cb: null callback");
+  // upper_bound keeps insertion order among callbacks of equal order.
+  auto pos = std::upper_bound(cbs_.begin(), cbs_.end(), cb->order,
+                              [](int order, const CallbackPtr& c) { return order < c->order; });
+  cbs_.insert(pos, std::move(cb));
+  return *this;
+}
+
+Learner& Learner::remove_cb(const CallbackPtr& cb) {
+  cbs_.erase(std::remove(cbs_.begin(), cbs_.end(), cb), cbs_.end());
+  return *this;
+}
+
+double Learner::pct_train() const {
+  const int64_t total = n_epoch_ * dls_.train.num_batches();
+  return total > 0 ? static_cast<double>(train_iter_) / total : 0.0;
+}
+
+void Learner::run(Event event) {
+  // Copy: a callback may add or remove callbacks while handling an event.
+  const std::vector<CallbackPtr> cbs = cbs_;
+  for (const auto& cb : cbs) cb->handle(event, *this);
+}
+
+template <typename Cancel, typename F>
+void Learner::with_events(F&& body, Event before, Event after_cancel, Event after) {
+  // As fastai's _with_events: the before_ event is inside the try, and after_
+  // fires whether or not the stage was cancelled.
+  try {
+    run(before);
+    body();
+  } catch (const Cancel&) {
+    run(after_cancel);
+  }
+  run(after);
+}
+
+void Learner::fit(int64_t n_epoch, double lr, std::vector<CallbackPtr> cbs) {
+  TORCH_CHECK(n_epoch > 0, "Invalid n_epoch: ", n_epoch, " (must be > 0)");
+  TORCH_CHECK(lr > 0, "Invalid lr: ", lr, " (must be > 0)");
+  TORCH_CHECK(dls_.train.num_batches() > 0, "The training set has no full batch (", dls_.train.dataset().size(),
+              " samples, batch size ", dls_.train.options().batch_size(), ")");
+  for (const auto& cb : cbs) add_cb(cb);
+  // Detach the fit-only callbacks however fit ends.
+  struct Detach {
+    Learner* l;
+    std::vector<CallbackPtr>& cbs;
+    ~Detach() { for (const auto& cb : cbs) l->remove_cb(cb); }
+  } detach{this, cbs};
+  set_lr(opt(), lr);
+  n_epoch_ = n_epoch;
+  train_iter_ = 0;
+  with_events<CancelFitException>([&] { do_fit(); }, Event::before_fit, Event::after_cancel_fit, Event::after_fit);
+}
+
+void Learner::fit_one_cycle(int64_t n_epoch, double lr_max, OneCycleOptions options, std::vector<CallbackPtr> cbs) {
+  cbs.push_back(std::make_shared<ParamScheduler>(std::map<std::string, Schedule>{
+      {"lr", one_cycle_lr(lr_max, options)}, {"mom", one_cycle_mom(options)}}));
+  fit(n_epoch, lr_max, std::move(cbs));
+}
+
+void Learner::do_fit() {
+  for (epoch_ = 0; epoch_ < n_epoch_; ++epoch_)
+    with_events<CancelEpochException>([&] { do_epoch(); }, Event::before_epoch, Event::after_cancel_epoch,
+                                      Event::after_epoch);
+}
+
+void Learner::do_epoch() {
+  training_ = true;
+  model_.module().train();
+  with_events<CancelTrainException>([&] { all_batches(dls_.train); }, Event::before_train, Event::after_cancel_train,
+                                    Event::after_train);
+  do_validate_epoch();
+}
+
+void Learner::do_validate_epoch() {
+  training_ = false;
+  model_.module().eval();
+  torch::NoGradGuard no_grad;
+  with_events<CancelValidateException>([&] { all_batches(dls_.valid); }, Event::before_validate,
+                                       Event::after_cancel_validate, Event::after_validate);
+}
+
+void Learner::all_batches(data::DataLoader& dl) {
+  n_iter_ = dl.num_batches();
+  int64_t i = 0;
+  for (auto it = dl.begin(), end = dl.end(); it != end; ++it) one_batch(i++, *it);
+}
+
+void Learner::one_batch(int64_t i, const data::Batch& b) {
+  iter_ = i;
+  const bool on_cpu = options_.device().is_cpu();
+  batch_ = on_cpu ? b : data::Batch{b.x.to(options_.device()), b.y.to(options_.device())};
+  with_events<CancelBatchException>([&] { do_one_batch(); }, Event::before_batch, Event::after_cancel_batch,
+                                    Event::after_batch);
+  if (training_) ++train_iter_;
+}
+
+void Learner::do_one_batch() {
+  pred_ = model_(batch_.x);
+  run(Event::after_pred);
+  loss_grad_ = loss_fn_(pred_, batch_.y);
+  loss_ = loss_grad_.detach().clone();
+  run(Event::after_loss);
+  if (!training_) return;
+  with_events<CancelBackwardException>([&] { loss_grad_.backward(); }, Event::before_backward,
+                                       Event::after_cancel_backward, Event::after_backward);
+  with_events<CancelStepException>([&] { opt_->step(); }, Event::before_step, Event::after_cancel_step,
+                                   Event::after_step);
+  opt_->zero_grad();
+}
+
+std::vector<double> Learner::validate() {
+  n_epoch_ = std::max<int64_t>(n_epoch_, 1);
+  do_validate_epoch();
+  return recorder_->last_validation();
+}
+
+std::pair<torch::Tensor, torch::Tensor> Learner::get_preds() {
+  auto gather = std::make_shared<GatherPreds>();
+  add_cb(gather);
+  try {
+    do_validate_epoch();
+  } catch (...) {
+    remove_cb(gather);
+    throw;
+  }
+  remove_cb(gather);
+  if (gather->preds.empty()) return {};
+  return {torch::cat(gather->preds), torch::cat(gather->targets)};
+}
+
+} // namespace mixtrain
