@@ -13,7 +13,7 @@ namespace mixtrain {
 ///
 /// Example (a user-defined metric):
 ///   mixtrain::Metric top2{"top2", [](const torch::Tensor& p, const torch::Tensor& y) {
-///     return (p.topk(2).indices == y.unsqueeze(1)).any(1).to(torch::kFloat).mean(); }};
+///     return (std::get<1>(p.topk(2)) == y.unsqueeze(1)).any(1).to(torch::kFloat).mean(); }};
 struct Metric {
   std::string name;
   std::function<torch::Tensor(const torch::Tensor& pred, const torch::Tensor& target)> fn;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -38,6 +39,12 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+std::string format_number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
 std::string timestamp() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -62,7 +69,7 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
 }
 
 void validate(const TrainArgs& a) {
-  if (!(a.lr > 0) || !std::isfinite(a.lr)) throw UsageError("invalid --lr " + std::to_string(a.lr) + ": must be > 0");
+  if (!(a.lr > 0) || !std::isfinite(a.lr)) throw UsageError("invalid --lr " + format_number(a.lr) + ": must be > 0");
   if (a.bs < 1) throw UsageError("invalid --bs " + std::to_string(a.bs) + ": must be >= 1");
   if (a.epochs < 1) throw UsageError("invalid --epochs " + std::to_string(a.epochs) + ": must be >= 1");
   if (a.limit == 0 || a.limit < -1) throw UsageError("invalid --limit " + std::to_string(a.limit) + ": must be >= 1");
@@ -89,17 +96,17 @@ void prepare_out_dir(const std::string& out) {
 
 int run_train(TrainArgs a) {
   validate(a);
-  if (a.out.empty()) a.out = "runs/" + timestamp();
-  prepare_out_dir(a.out);
-
   const int threads = mixtrain::configure_threads(a.threads);
   torch::manual_seed(a.seed);
 
+  // Data problems are reported before the run directory is created.
   auto split = mixtrain::data::fashion_mnist(a.data);
   if (a.limit > 0) split.train = split.train.head(a.limit);
   if (split.train.size() < a.bs)
     throw UsageError("the training set (" + std::to_string(split.train.size()) + " images) is smaller than --bs " +
                      std::to_string(a.bs));
+  if (a.out.empty()) a.out = "runs/" + timestamp();
+  prepare_out_dir(a.out);
 
   mixtrain::Learner learn(mixtrain::models::by_name(a.model),
                           mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed), mixtrain::cross_entropy(),

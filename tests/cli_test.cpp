@@ -1,0 +1,114 @@
+// The mixtrain CLI as a user meets it: bad input gives one line and exit 2;
+// a small run writes its files.
+#include "test_util.h"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+
+namespace {
+
+using namespace mixtrain;
+
+struct CliResult {
+  int code;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+CliResult run_cli(const std::string& args) {
+  const std::string dir = std::string(MIXTRAIN_TEST_TMP);
+  std::filesystem::create_directories(dir);
+  // Per-test file names: ctest may run the CLI tests in parallel.
+  const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string out = dir + "/" + name + ".out", err = dir + "/" + name + ".err";
+  const std::string cmd = std::string(MIXTRAIN_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out), slurp(err)};
+}
+
+/// Exit 2 and exactly one line on stderr that contains `substr`.
+void expect_usage_error(const std::string& args, const std::string& substr) {
+  SCOPED_TRACE(args);
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(substr), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("mixtrain: error: ", 0), 0u) << r.err;
+}
+
+TEST(CliTest, HelpExplainsEveryFlag) {
+  const CliResult r = run_cli("train --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--data", "--model", "--epochs", "--lr", "--bs", "--seed", "--limit", "--threads", "--out",
+                           "--precision"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  EXPECT_EQ(run_cli("--help").code, 0);
+}
+
+TEST(CliTest, BadValuesAreOneLineErrors) {
+  const std::string dir = test::fake_fashion_dir("cli_values", 64, 32);
+  const std::string base = "train --data " + dir + " --out " + test::scratch_dir("cli_values_out");
+  expect_usage_error(base + " --lr -1", "invalid --lr");
+  expect_usage_error(base + " --lr 0", "invalid --lr");
+  expect_usage_error(base + " --bs 0", "invalid --bs");
+  expect_usage_error(base + " --epochs 0", "invalid --epochs");
+  expect_usage_error(base + " --limit 0", "invalid --limit");
+  expect_usage_error(base + " --threads -2", "invalid --threads");
+  expect_usage_error(base + " --model resnet", "unknown --model 'resnet'");
+  expect_usage_error(base + " --precision fp8", "unsupported --precision 'fp8'");
+  expect_usage_error(base + " --lr abc", "--lr");
+  expect_usage_error(base + " --bogus 1", "--bogus");
+  expect_usage_error(base + " --bs 1000", "smaller than --bs 1000");
+  expect_usage_error("", "subcommand");
+}
+
+TEST(CliTest, BadDataAndOutputAreOneLineErrors) {
+  expect_usage_error("train --data /nonexistent/fashion", "data directory not found: /nonexistent/fashion");
+
+  const std::string dir = test::fake_fashion_dir("cli_data", 64, 32);
+  const std::string out = " --out " + test::scratch_dir("cli_data_out");
+  const std::string images = dir + "/train-images-idx3-ubyte.gz";
+  const auto good = test::read_raw(images);
+
+  test::write_raw(images, std::vector<uint8_t>(good.begin(), good.begin() + good.size() / 2));
+  expect_usage_error("train --data " + dir + out, "truncated");
+
+  test::write_raw(images, test::idx_bytes({64, 28, 28}));  // not compressed
+  expect_usage_error("train --data " + dir + out, "is not a gzip file");
+
+  auto bad_magic = test::idx_bytes({64, 28, 28});
+  bad_magic[1] = 7;
+  test::write_gz(images, bad_magic);
+  expect_usage_error("train --data " + dir + out, "bad idx magic");
+
+  test::write_gz(images, test::idx_bytes({63, 28, 28}));
+  expect_usage_error("train --data " + dir + out, "has 63 images but");
+
+  test::write_raw(images, good);
+  // A path below a regular file can never be created, even as root.
+  expect_usage_error("train --data " + dir + " --out " + images + "/run", "cannot create --out directory");
+}
+
+TEST(CliTest, SmallRunWritesMetricsStepsAndSummary) {
+  const std::string dir = test::fake_fashion_dir("cli_run", 256, 64);
+  const std::string out = test::scratch_dir("cli_run_out");
+  const CliResult r = run_cli("train --data " + dir + " --out " + out + " --bs 32 --epochs 2 --threads 1 --model mlp");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("valid accuracy"), std::string::npos) << r.out;
+  const std::string summary = slurp(out + "/summary.json");
+  for (const char* key : {"\"precision\": \"fp32\"", "\"epochs\": 2", "\"train_loss\"", "\"valid_loss\"",
+                          "\"valid_accuracy\"", "\"seconds\"", "\"samples_per_second\"", "\"threads\": 1",
+                          "\"torch_version\""})
+    EXPECT_NE(summary.find(key), std::string::npos) << key;
+  const std::string steps = slurp(out + "/steps.csv");
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), '\n'), 1 + 2 * 8);
+  const std::string metrics = slurp(out + "/metrics.csv");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 3);
+}
+
+} // namespace

@@ -1,0 +1,103 @@
+#pragma once
+// Shared test helpers: a seeding fixture, error-message assertions, tiny data.
+
+#include <gtest/gtest.h>
+#include <mixtrain/data.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+/// Asserts that `stmt` throws (any std::exception) and that the message contains `substr`.
+#define EXPECT_THROW_WITH(stmt, substr)                                                   \
+  do {                                                                                    \
+    bool thrown_ = false;                                                                 \
+    try {                                                                                 \
+      stmt;                                                                               \
+    } catch (const std::exception& e_) {                                                  \
+      thrown_ = true;                                                                     \
+      EXPECT_NE(std::string(e_.what()).find(substr), std::string::npos)                   \
+          << "message was: " << e_.what();                                                \
+    }                                                                                     \
+    EXPECT_TRUE(thrown_) << #stmt " did not throw";                                       \
+  } while (0)
+
+namespace mixtrain::test {
+
+/// Fixes torch's global seed and one thread, so every test is deterministic.
+class SeededTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(0);
+    torch::set_num_threads(1);
+  }
+};
+
+/// `n` points around `classes` well-separated Gaussian centers in `dim` dimensions.
+/// The centers depend on `centers_seed` only, so a training and a validation set
+/// drawn with different `seed`s come from the same distribution.
+inline mixtrain::data::Dataset blobs(int64_t n, int64_t classes = 3, int64_t dim = 4, uint64_t seed = 1,
+                                     uint64_t centers_seed = 0) {
+  auto center_gen = at::detail::createCPUGenerator(centers_seed);
+  torch::Tensor centers = torch::randn({classes, dim}, center_gen) * 3;
+  auto gen = at::detail::createCPUGenerator(seed);
+  torch::Tensor y = torch::randint(classes, {n}, gen, torch::kLong);
+  torch::Tensor x = centers.index_select(0, y) + torch::randn({n, dim}, gen) * 0.5;
+  return {x, y};
+}
+
+/// A fresh scratch directory under the build tree.
+inline std::string scratch_dir(const std::string& name) {
+  const std::string dir = std::string(MIXTRAIN_TEST_TMP) + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+/// Bytes of an unsigned-byte idx file with the given dims and deterministic contents.
+inline std::vector<uint8_t> idx_bytes(std::vector<uint32_t> dims, uint8_t type = 0x08, int fill_seed = 0) {
+  std::vector<uint8_t> b = {0, 0, type, static_cast<uint8_t>(dims.size())};
+  uint64_t n = 1;
+  for (uint32_t d : dims) {
+    b.push_back(d >> 24); b.push_back(d >> 16); b.push_back(d >> 8); b.push_back(d);
+    n *= d;
+  }
+  for (uint64_t i = 0; i < n; ++i) b.push_back(static_cast<uint8_t>((i * 7 + fill_seed) % 251));
+  return b;
+}
+
+inline void write_raw(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+inline void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()), static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+inline std::vector<uint8_t> read_raw(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+/// A Fashion-MNIST-shaped directory with n_train / n_test images.
+inline std::string fake_fashion_dir(const std::string& name, uint32_t n_train, uint32_t n_test) {
+  const std::string dir = scratch_dir(name);
+  write_gz(dir + "/train-images-idx3-ubyte.gz", idx_bytes({n_train, 28, 28}));
+  auto labels = idx_bytes({n_train});
+  for (size_t i = 8; i < labels.size(); ++i) labels[i] %= 10;
+  write_gz(dir + "/train-labels-idx1-ubyte.gz", labels);
+  write_gz(dir + "/t10k-images-idx3-ubyte.gz", idx_bytes({n_test, 28, 28}));
+  auto tlabels = idx_bytes({n_test});
+  for (size_t i = 8; i < tlabels.size(); ++i) tlabels[i] %= 10;
+  write_gz(dir + "/t10k-labels-idx1-ubyte.gz", tlabels);
+  return dir;
+}
+
+} // namespace mixtrain::test
