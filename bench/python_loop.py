@@ -1,0 +1,64 @@
+#!/usr/bin/python3
+"""Baseline (a): the same training as `mixtrain train` in plain PyTorch-Python
+(Debian's python3-torch 1.13, run with /usr/bin/python3 at its default threads):
+same model, data, normalization, AdamW hyper-parameters, fastai's one-cycle
+formula per step, batch size and epoch. Prints one JSON line like raw_loop."""
+import gzip, json, math, sys, time
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+data_dir = sys.argv[1] if len(sys.argv) > 1 else "/usr/share/datasets/fashion-mnist"
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndims = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndims)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndims).reshape(dims)
+
+def load(images, labels):
+    x = torch.from_numpy(read_idx(f"{data_dir}/{images}").astype(np.float32)).unsqueeze(1)
+    x = (x / 255.0 - 0.2860) / 0.3530
+    return x, torch.from_numpy(read_idx(f"{data_dir}/{labels}").astype(np.int64))
+
+xt, yt = load("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
+xv, yv = load("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+def cos_sched(a, b, pos): return a + (1 + math.cos(math.pi * (1 - pos))) * (b - a) / 2
+def combined(pct, a, b, c, pos): return cos_sched(a, b, pos / pct) if pos < pct else cos_sched(b, c, (pos - pct) / (1 - pct))
+
+torch.manual_seed(42)
+model = nn.Sequential(
+    nn.Conv2d(1, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+    nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+    nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+lr_max, bs = 3e-3, 256
+opt = torch.optim.AdamW(model.parameters(), lr=lr_max, betas=(0.95, 0.99), eps=1e-5, weight_decay=0.01)
+gen = torch.Generator().manual_seed(42)
+
+t0 = time.perf_counter()
+n = xt.shape[0]; steps = n // bs
+order = torch.randperm(n, generator=gen)
+model.train()
+loss_sum = 0.0
+for i in range(steps):
+    pos = i / steps
+    for g in opt.param_groups:
+        g["lr"] = combined(0.25, lr_max / 25, lr_max, lr_max / 1e5, pos)
+        g["betas"] = (combined(0.25, 0.95, 0.85, 0.95, pos), 0.99)
+    idx = order[i * bs:(i + 1) * bs]
+    loss = F.cross_entropy(model(xt[idx]), yt[idx])
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    loss_sum += loss.item()
+model.eval()
+correct = 0
+with torch.no_grad():
+    for s in range(0, xv.shape[0], bs):
+        correct += (model(xv[s:s + bs]).argmax(1) == yv[s:s + bs]).sum().item()
+seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": round(seconds, 4), "valid_accuracy": correct / xv.shape[0],
+                  "train_loss": loss_sum / steps, "threads": torch.get_num_threads()}))

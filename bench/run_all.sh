@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs every benchmark in bench/. Usage: bench/run_all.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+echo "== train_bench: 1 epoch, mixtrain vs Python loop vs raw libtorch loop"
+bash bench/train_bench.sh "$build" 5
