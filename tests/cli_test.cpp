@@ -91,7 +91,7 @@ TEST(CliTest, BadDataAndOutputAreOneLineErrors) {
 
   test::write_raw(images, good);
   // A path below a regular file can never be created, even as root.
-  expect_usage_error("train --data " + dir + " --out " + images + "/run", "cannot create --out directory");
+  expect_usage_error("train --bs 32 --data " + dir + " --out " + images + "/run", "cannot create --out directory");
 }
 
 TEST(CliTest, SmallRunWritesMetricsStepsAndSummary) {
