@@ -161,6 +161,7 @@ void Learner::all_batches(data::DataLoader& dl) {
 
 void Learner::one_batch(int64_t i, const data::Batch& b) {
   iter_ = i;
+  step_info_ = StepInfo();
   const bool on_cpu = options_.device().is_cpu();
   batch_ = on_cpu ? b : data::Batch{b.x.to(options_.device()), b.y.to(options_.device())};
   with_events<CancelBatchException>([&] { do_one_batch(); }, Event::before_batch, Event::after_cancel_batch,

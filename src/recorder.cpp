@@ -64,6 +64,9 @@ void Recorder::after_batch(Learner& learn) {
     r.loss = loss;
     r.smooth_loss = smooth_value_ / (1 - std::pow(kSmoothBeta, static_cast<double>(smooth_count_)));
     r.lr = get_lr(learn.opt());
+    r.scale = learn.step_info().scale;
+    r.skipped = learn.step_info().skipped;
+    r.grad_norm = learn.step_info().grad_norm;
     steps_.push_back(r);
     ++epoch_steps_;
     epoch_samples_ += learn.batch().size();

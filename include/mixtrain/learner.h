@@ -3,6 +3,7 @@
 /// fires fastai's events. Everything beyond the bare loop (recording, progress,
 /// schedules, mixed precision) is a callback.
 
+#include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/callback.h"
 #include "mixtrain/data.h"
 #include "mixtrain/metrics.h"
@@ -13,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -20,6 +22,16 @@
 #include <vector>
 
 namespace mixtrain {
+
+namespace amp { class MixedPrecision; }
+
+/// Annotations of the current training step, filled by callbacks (mixed
+/// precision, clipping) and copied by the Recorder into its step row.
+struct StepInfo {
+  double scale = std::numeric_limits<double>::quiet_NaN();      ///< loss scale used
+  bool skipped = false;                                          ///< optimizer step skipped
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  ///< unscaled global grad norm
+};
 
 /// loss(pred, target) -> scalar tensor.
 using LossFn = std::function<torch::Tensor(const torch::Tensor& pred, const torch::Tensor& target)>;
@@ -92,6 +104,17 @@ class Learner {
   /// Predictions and targets over the validation set, concatenated.
   std::pair<torch::Tensor, torch::Tensor> get_preds();
 
+  /// Mixed precision with fp16 autocast and dynamic loss scaling (fastai's
+  /// to_fp16). Replaces any earlier precision callback. Chainable.
+  Learner& to_fp16(amp::GradScalerOptions scaler_options = {});
+  /// Mixed precision with bf16 autocast and no loss scaling (fastai's to_bf16).
+  Learner& to_bf16();
+  /// Back to full precision: detaches the mixed-precision callback. The
+  /// Recorder keeps the scale/skip history of earlier fits.
+  Learner& to_fp32();
+  /// The attached MixedPrecision callback (scaler, scale history), or nullptr.
+  std::shared_ptr<amp::MixedPrecision> mixed_precision() const;
+
   /// Attaches a callback (kept sorted by `order`, stable). Returns *this for chaining.
   Learner& add_cb(CallbackPtr cb);
   /// Detaches a callback; no-op when it is not attached.
@@ -125,6 +148,8 @@ class Learner {
   torch::Tensor& pred() { return pred_; }
   /// Detached loss of the current batch (what is logged); replaceable in after_loss.
   torch::Tensor& loss() { return loss_; }
+  /// Annotations of the current step (scale, skipped, grad norm); reset every batch.
+  StepInfo& step_info() { return step_info_; }
   /// The loss backward runs on (fastai's loss_grad); scaled by mixed precision.
   torch::Tensor& loss_grad() { return loss_grad_; }
 
@@ -161,6 +186,7 @@ class Learner {
 
   data::Batch batch_;
   torch::Tensor pred_, loss_, loss_grad_;
+  StepInfo step_info_;
   bool training_ = false;
   int64_t epoch_ = 0, n_epoch_ = 0, iter_ = 0, n_iter_ = 0, train_iter_ = 0;
 };

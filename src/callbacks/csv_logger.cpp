@@ -2,6 +2,7 @@
 
 #include "mixtrain/learner.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace mixtrain::callbacks {
@@ -23,7 +24,7 @@ void CSVLogger::before_fit(Learner& learn) {
   metrics_ << "epoch,train_loss,valid_loss";
   for (const auto& n : learn.recorder().metric_names()) metrics_ << ',' << n;
   metrics_ << ",seconds\n";
-  steps_ << "iter,epoch,loss,smooth_loss,lr\n";
+  steps_ << "iter,epoch,loss,smooth_loss,lr,scale,skipped\n";
   steps_written_ = learn.recorder().steps().size();
 }
 
@@ -35,7 +36,9 @@ void CSVLogger::after_epoch(Learner& learn) {
   metrics_ << ',' << e.seconds << '\n';
   for (; steps_written_ < rec.steps().size(); ++steps_written_) {
     const StepRecord& s = rec.steps()[steps_written_];
-    steps_ << s.iter << ',' << s.epoch << ',' << s.loss << ',' << s.smooth_loss << ',' << s.lr << '\n';
+    steps_ << s.iter << ',' << s.epoch << ',' << s.loss << ',' << s.smooth_loss << ',' << s.lr << ',';
+    if (std::isfinite(s.scale)) steps_ << s.scale;  // empty when no loss scale was used
+    steps_ << ',' << (s.skipped ? 1 : 0) << '\n';
   }
   metrics_.flush();
   steps_.flush();

@@ -43,6 +43,7 @@ void ProgressCallback::before_fit(Learner& learn) {
     cell.resize(std::max<size_t>(kColumnWidth, c.size() + 1), ' ');
     header += cell;
   }
+  while (!header.empty() && header.back() == ' ') header.pop_back();
   out_ << header << std::endl;
 }
 
@@ -101,6 +102,11 @@ void ProgressCallback::after_epoch(Learner& learn) {
     cell.resize(std::max(width, cell.size() + 1), ' ');
     row += cell;
   }
+  // Skipped steps are never silent: any epoch trained with a loss scale says how many.
+  const auto& steps = learn.recorder().steps();
+  if (e.steps > 0 && static_cast<int64_t>(steps.size()) >= e.steps && std::isfinite(steps[steps.size() - e.steps].scale))
+    row += "skipped " + std::to_string(e.skipped) + "/" + std::to_string(e.steps);
+  while (!row.empty() && row.back() == ' ') row.pop_back();
   out_ << row << std::endl;
 }
 

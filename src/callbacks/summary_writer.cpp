@@ -46,6 +46,18 @@ void SummaryWriter::after_fit(Learner& learn) {
     for (size_t i = 0; i < names.size() && i < last.metrics.size(); ++i) j["valid_" + names[i]] = number(last.metrics[i]);
   }
   j["steps"] = rec.steps().size();
+  // Loss-scale outcome: how many steps were skipped, where the scale ended and its low point.
+  int64_t skipped = 0;
+  double final_scale = NAN, min_scale = NAN;
+  for (const auto& s : rec.steps()) {
+    skipped += s.skipped;
+    if (!std::isfinite(s.scale)) continue;
+    final_scale = s.scale;
+    min_scale = std::isfinite(min_scale) ? std::min(min_scale, s.scale) : s.scale;
+  }
+  j["skipped_steps"] = skipped;
+  j["final_scale"] = number(final_scale);
+  j["min_scale_seen"] = number(min_scale);
   j["seconds"] = seconds;
   j["samples_per_second"] = number(train_seconds > 0 ? samples / train_seconds : NAN);
   j["torch_version"] = TORCH_VERSION;

@@ -10,7 +10,8 @@
 namespace mixtrain::callbacks {
 
 /// Writes `dir/metrics.csv` (epoch, train_loss, valid_loss, metrics..., seconds)
-/// and `dir/steps.csv` (iter, epoch, loss, smooth_loss, lr). Rows are flushed at
+/// and `dir/steps.csv` (iter, epoch, loss, smooth_loss, lr, scale, skipped; scale
+/// is empty when no loss scaling was used). Rows are flushed at
 /// the end of every epoch, so a crashed run keeps what it finished. The files are
 /// created at the first fit; later fits on the same logger append.
 class CSVLogger : public Callback {

@@ -11,6 +11,7 @@ namespace mixtrain::callbacks {
 /// Writes a JSON summary to `path` after fit:
 ///   epochs, train_loss, valid_loss, valid_<metric> for every metric, seconds,
 ///   samples_per_second (training samples / training time), torch_version,
+///   skipped_steps, final_scale and min_scale_seen (null without loss scaling),
 /// plus the caller's own fields (e.g. precision, threads).
 class SummaryWriter : public Callback {
  public:

@@ -1,0 +1,50 @@
+#pragma once
+/// RAII autocast guard, and the one seam where libtorch 1.13 and 2.x differ.
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+namespace mixtrain::amp {
+
+/// Enables autocast for `device` with `dtype` for the guard's lifetime, like
+/// Python's `torch.autocast(device, dtype)`. Nestable: on exit it restores the
+/// previous enabled flag and dtype, and when the outermost guard exits it clears
+/// the cast cache (skipping that leaks memory, pytorch#46649).
+///
+/// Example:
+///   {
+///     mixtrain::amp::autocast guard(torch::kCUDA, torch::kHalf);
+///     auto out = model->forward(x);    // matmuls/convs in fp16
+///   }
+class autocast {
+ public:
+  autocast(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true);
+  ~autocast();
+  autocast(const autocast&) = delete;
+  autocast& operator=(const autocast&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool prev_enabled_;
+  c10::ScalarType prev_dtype_;
+};
+
+/// Version-independent access to autocast state (implemented in src/amp/compat.cpp,
+/// the only place that knows libtorch versions).
+namespace compat {
+bool is_autocast_enabled(c10::DeviceType device);
+void set_autocast_enabled(c10::DeviceType device, bool enabled);
+c10::ScalarType get_autocast_dtype(c10::DeviceType device);
+void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype);
+int increment_nesting();
+int decrement_nesting();
+void clear_autocast_cache();
+/// Whether this libtorch was built with CUDA and a GPU is visible.
+bool cuda_available();
+/// Whether the visible GPU supports bf16 (compute capability >= 8.0).
+bool cuda_bf16_supported();
+/// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX).
+bool cpu_has_native_bf16();
+} // namespace compat
+
+} // namespace mixtrain::amp

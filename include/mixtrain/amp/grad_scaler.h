@@ -1,0 +1,121 @@
+#pragma once
+/// GradScaler: dynamic loss scaling, a C++ port of torch.amp.GradScaler.
+/// It does not depend on Learner: a hand-written libtorch loop can use it alone.
+///
+/// Example (the torch pattern, with clipping and 4-step accumulation):
+///   mixtrain::amp::GradScaler scaler;
+///   for (int64_t i = 0; i < steps; ++i) {
+///     torch::Tensor loss = loss_fn(model->forward(x[i]), y[i]) / 4;
+///     scaler.scale(loss).backward();
+///     if ((i + 1) % 4 != 0) continue;         // accumulate: step/update on the boundary only
+///     scaler.unscale_(opt);                    // grads are now true values ...
+///     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);  // ... so clipping sees true norms
+///     scaler.step(opt);                        // skipped when a grad is inf/NaN
+///     scaler.update();
+///     opt.zero_grad();
+///   }
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <unordered_map>
+
+namespace torch::optim { class Optimizer; }
+
+namespace mixtrain::amp {
+
+/// GradScaler's options. The defaults reproduce torch exactly; the extras
+/// (min_scale, max_scale, hysteresis) are off by default.
+struct GradScalerOptions {
+  /// Initial loss scale (torch and fastai: 2^16).
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// Scale multiplier after growth_interval clean steps (> 1).
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// Scale multiplier on overflow (in (0, 1)).
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Consecutive clean steps before growing (>= 1).
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// When false every method is a pass-through (scale 1, step always runs).
+  TORCH_ARG(bool, enabled) = true;
+  /// Extra: when a back-off would go below this, update() throws (0 = no floor).
+  TORCH_ARG(double, min_scale) = 0.0;
+  /// Extra: growth never exceeds this (fastai v1 caps at 2^24; default: no cap).
+  TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
+  /// Extra (Megatron/DeepSpeed): back off only after this many consecutive
+  /// overflowing steps; 1 is torch's behaviour.
+  TORCH_ARG(int64_t, hysteresis) = 1;
+};
+
+/// Dynamic loss scaling with torch's semantics:
+/// - `scale(loss)` multiplies by the current scale;
+/// - `unscale_(opt)` divides opt's grads by the scale in one fused pass and
+///   records whether any is inf/NaN; twice before update() is an error;
+/// - `step(opt)` unscales if needed and runs opt.step() only when every grad
+///   is finite; returns whether it stepped;
+/// - `update()` backs off on overflow (tracker reset), otherwise counts clean
+///   steps and grows after growth_interval of them.
+/// Several optimizers can share one scaler: each skips on its own, and one
+/// update() sees an overflow in any of them.
+///
+/// The scale lives on the gradients' device as in torch. found_inf is read on
+/// the host once per step (the skip decision); the scale arithmetic then runs
+/// on a host mirror, so get_scale() and update() never synchronize.
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {});
+
+  /// loss * scale (loss unchanged when disabled). Creates the scale on loss's device.
+  torch::Tensor scale(const torch::Tensor& loss);
+  /// Unscales `opt`'s gradients in place and records inf/NaN.
+  void unscale_(torch::optim::Optimizer& opt);
+  /// Unscales if needed; steps `opt` unless a gradient is inf/NaN. Returns whether it stepped.
+  bool step(torch::optim::Optimizer& opt);
+  /// The skip decision without stepping: unscales if needed and returns true
+  /// when the caller should run opt.step(). Counts as this step's step() (a
+  /// callback uses it when the training loop owns the optimizer step).
+  bool prepare_step(torch::optim::Optimizer& opt);
+  /// Adjusts the scale from this step's overflows and resets per-optimizer state.
+  void update();
+  /// Sets the scale explicitly (torch's update(new_scale)); the tracker is kept.
+  void update(double new_scale);
+
+  /// Current scale (1 when disabled). Never synchronizes.
+  double get_scale() const;
+  /// Clean steps counted toward the next growth.
+  int64_t growth_tracker() const { return growth_tracker_; }
+  /// Whether the last update() saw an overflow.
+  bool last_step_overflowed() const { return last_overflow_; }
+  bool is_enabled() const { return options_.enabled(); }
+  const GradScalerOptions& options() const { return options_; }
+
+  /// torch's keys: scale, growth_factor, backoff_factor, growth_interval,
+  /// _growth_tracker; plus _hysteresis_tracker.
+  std::map<std::string, double> state_dict() const;
+  void load_state_dict(const std::map<std::string, double>& state);
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+  struct OptState {
+    Stage stage = Stage::kReady;
+    torch::Tensor found_inf;   // on the grads' device
+    int found_inf_host = -1;   // -1 until read on the host
+  };
+  OptState& state_for(torch::optim::Optimizer& opt);
+  bool read_found_inf(OptState& s);
+  void ensure_scale(const torch::Device& device);
+  void sync_scale_tensor();
+
+  GradScalerOptions options_;
+  double scale_;             // host mirror: the truth for every decision
+  int64_t growth_tracker_ = 0;
+  int64_t hysteresis_left_;
+  bool last_overflow_ = false;
+  torch::Tensor scale_tensor_;  // on the grads' device, as torch keeps it
+  std::unordered_map<const torch::optim::Optimizer*, OptState> per_opt_;
+};
+
+} // namespace mixtrain::amp

@@ -1,0 +1,112 @@
+// The compat seam: every difference between libtorch 1.13 and 2.x lives here.
+#include "mixtrain/amp/autocast.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+#include <fstream>
+#include <string>
+
+// libtorch 2.4 replaced the per-device functions (set_enabled, set_cpu_enabled,
+// set_autocast_gpu_dtype, ...) with ones taking a DeviceType.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define MIXTRAIN_AUTOCAST_DEVICE_API 1
+#else
+#define MIXTRAIN_AUTOCAST_DEVICE_API 0
+#endif
+
+namespace mixtrain::amp {
+
+namespace compat {
+
+namespace {
+void check_device(c10::DeviceType device) {
+  TORCH_CHECK(device == c10::DeviceType::CPU || device == c10::DeviceType::CUDA,
+              "autocast supports CPU and CUDA devices, got ", device);
+}
+} // namespace
+
+bool is_autocast_enabled(c10::DeviceType device) {
+  check_device(device);
+#if MIXTRAIN_AUTOCAST_DEVICE_API
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+
+void set_autocast_enabled(c10::DeviceType device, bool enabled) {
+  check_device(device);
+#if MIXTRAIN_AUTOCAST_DEVICE_API
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == c10::DeviceType::CPU)
+    at::autocast::set_cpu_enabled(enabled);
+  else
+    at::autocast::set_enabled(enabled);
+#endif
+}
+
+c10::ScalarType get_autocast_dtype(c10::DeviceType device) {
+  check_device(device);
+#if MIXTRAIN_AUTOCAST_DEVICE_API
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                        : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
+  check_device(device);
+#if MIXTRAIN_AUTOCAST_DEVICE_API
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CPU)
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  else
+    at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+
+int increment_nesting() { return at::autocast::increment_nesting(); }
+int decrement_nesting() { return at::autocast::decrement_nesting(); }
+void clear_autocast_cache() { at::autocast::clear_cache(); }
+
+bool cuda_available() { return torch::cuda::is_available(); }
+
+bool cuda_bf16_supported() {
+  if (!cuda_available()) return false;
+  // Ampere (sm_80) and newer; queried through ATen's CUDA hooks so that this file
+  // compiles against CPU-only libtorch too.
+  return at::detail::getCUDAHooks().supportsBFloat16ConvolutionWithCuDNNv8();
+}
+
+bool cpu_has_native_bf16() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0)
+      return line.find("avx512_bf16") != std::string::npos || line.find("amx_bf16") != std::string::npos;
+  return false;
+}
+
+} // namespace compat
+
+autocast::autocast(c10::DeviceType device, c10::ScalarType dtype, bool enabled)
+    : device_(device), prev_enabled_(compat::is_autocast_enabled(device)),
+      prev_dtype_(compat::get_autocast_dtype(device)) {
+  compat::set_autocast_enabled(device, enabled);
+  compat::set_autocast_dtype(device, dtype);
+  compat::increment_nesting();
+}
+
+autocast::~autocast() {
+  if (compat::decrement_nesting() == 0) compat::clear_autocast_cache();
+  compat::set_autocast_enabled(device_, prev_enabled_);
+  compat::set_autocast_dtype(device_, prev_dtype_);
+}
+
+} // namespace mixtrain::amp

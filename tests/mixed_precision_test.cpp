@@ -1,0 +1,110 @@
+// MixedPrecision with the Learner: skips are visible in the Recorder and the
+// epoch table, the history survives fit and to_fp32, bf16 trains on CPU.
+#include "test_util.h"
+
+#include <mixtrain/amp/mixed_precision.h>
+#include <mixtrain/mixtrain.h>
+
+namespace {
+
+using namespace mixtrain;
+
+data::DataLoaders loaders() {
+  return data::DataLoaders::from_split({test::blobs(256, 3, 4, 21), test::blobs(128, 3, 4, 22)}, 32, 1);
+}
+
+/// Writes inf into the first weight gradient at the chosen training steps.
+class InjectOverflow : public Callback {
+ public:
+  explicit InjectOverflow(std::set<int64_t> steps) : steps_(std::move(steps)) { order = 5; }
+  void after_backward(Learner& learn) override {
+    if (!steps_.count(learn.train_iter())) return;
+    auto p = learn.model().module().parameters()[0];
+    p.grad().view(-1)[0] = INFINITY;
+  }
+ private:
+  std::set<int64_t> steps_;
+};
+
+/// Checks, at every step, that the weights did not move when the step was skipped.
+class WatchWeights : public Callback {
+ public:
+  WatchWeights() { order = 90; }
+  void before_batch(Learner& learn) override {
+    if (learn.training()) before_ = learn.model().module().parameters()[0].detach().clone();
+  }
+  void after_batch(Learner& learn) override {
+    if (!learn.training()) return;
+    const bool moved = !torch::equal(before_, learn.model().module().parameters()[0]);
+    moved_.push_back(moved);
+  }
+  std::vector<bool> moved_;
+ private:
+  torch::Tensor before_;
+};
+
+class MixedPrecisionTest : public test::SeededTest {};
+
+TEST_F(MixedPrecisionTest, InjectedOverflowsAreSkippedRecordedAndKept) {
+  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  // fp32 compute with a real GradScaler (growth_interval 2): the skip logic without fp16.
+  learn.add_cb(std::make_shared<amp::MixedPrecision>(torch::kFloat, amp::GradScalerOptions().growth_interval(2)));
+  auto watch = std::make_shared<WatchWeights>();
+  learn.add_cb(std::make_shared<InjectOverflow>(std::set<int64_t>{0, 1, 5})).add_cb(watch);
+  std::ostringstream table;
+  learn.add_cb(std::make_shared<callbacks::ProgressCallback>(table, false));
+  learn.fit(1, 1e-2);
+
+  const auto& steps = learn.recorder().steps();
+  ASSERT_EQ(steps.size(), 8u);
+  const std::vector<double> expected_scale = {65536, 32768, 16384, 16384, 32768, 32768, 16384, 16384};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const bool skip = i == 0 || i == 1 || i == 5;
+    EXPECT_EQ(steps[i].skipped, skip) << i;
+    EXPECT_EQ(steps[i].scale, expected_scale[i]) << i;
+    EXPECT_EQ(watch->moved_[i], !skip) << i;
+  }
+  EXPECT_EQ(learn.recorder().values().back().skipped, 3);
+  EXPECT_NE(table.str().find("skipped 3/8"), std::string::npos) << table.str();
+  auto mp = learn.mixed_precision();
+  ASSERT_NE(mp, nullptr);
+  EXPECT_EQ(mp->skipped_steps(), 3);
+  EXPECT_EQ(mp->scales().size(), 8u);
+  // The logged loss is the unscaled one.
+  EXPECT_LT(steps[0].loss, 10.0);
+  learn.to_fp32();
+  EXPECT_EQ(learn.mixed_precision(), nullptr);
+  EXPECT_EQ(learn.recorder().steps().size(), 8u);  // history survives to_fp32
+  EXPECT_TRUE(learn.recorder().steps()[0].skipped);
+}
+
+TEST_F(MixedPrecisionTest, Bf16OnCpuTrainsWithFp32PredsAndNoScaler) {
+  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
+  struct PredDtype : Callback {
+    std::set<c10::ScalarType> seen;
+    PredDtype() { order = 20; }
+    void after_pred(Learner& l) override { seen.insert(l.pred().scalar_type()); }
+  };
+  auto dtypes = std::make_shared<PredDtype>();
+  learn.to_bf16().add_cb(dtypes);
+  learn.fit_one_cycle(3, 2e-2);
+  EXPECT_EQ(dtypes->seen, (std::set<c10::ScalarType>{torch::kFloat}));
+  EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
+  EXPECT_FALSE(learn.mixed_precision()->scaler().is_enabled());
+  EXPECT_TRUE(std::isnan(learn.recorder().steps().back().scale));
+  EXPECT_FALSE(mixtrain::amp::compat::is_autocast_enabled(torch::kCPU));  // the guard closed
+}
+
+TEST_F(MixedPrecisionTest, ToFp16ReplacesAndChains) {
+  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  learn.to_bf16().to_fp16(amp::GradScalerOptions().init_scale(256));
+  int count = 0;
+  for (const auto& cb : learn.cbs()) count += std::dynamic_pointer_cast<amp::MixedPrecision>(cb) != nullptr;
+  EXPECT_EQ(count, 1);
+  EXPECT_EQ(learn.mixed_precision()->dtype(), torch::kHalf);
+  EXPECT_EQ(learn.mixed_precision()->scaler().get_scale(), 256);
+  if (!mixtrain::amp::compat::cuda_available())
+    EXPECT_THROW_WITH(learn.fit(1), "fp16 mixed precision on CPU needs fp16 emulation");
+}
+
+} // namespace
