@@ -45,7 +45,8 @@ TEST(CliTest, HelpExplainsEveryFlag) {
   const CliResult r = run_cli("train --help");
   EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--data", "--model", "--epochs", "--lr", "--bs", "--seed", "--limit", "--threads", "--out",
-                           "--precision"})
+                           "--precision", "--init-scale", "--growth-factor", "--backoff-factor", "--growth-interval",
+                           "--clip", "--accum"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   EXPECT_EQ(run_cli("--help").code, 0);
 }
@@ -61,6 +62,11 @@ TEST(CliTest, BadValuesAreOneLineErrors) {
   expect_usage_error(base + " --threads -2", "invalid --threads");
   expect_usage_error(base + " --model resnet", "unknown --model 'resnet'");
   expect_usage_error(base + " --precision fp8", "unsupported --precision 'fp8'");
+  expect_usage_error(base + " --precision fp16 --growth-factor 1", "Invalid growth_factor: 1 (must be > 1)");
+  expect_usage_error(base + " --precision fp16 --backoff-factor 2", "Invalid backoff_factor");
+  expect_usage_error(base + " --precision fp16 --growth-interval 0", "Invalid growth_interval");
+  expect_usage_error(base + " --clip -1", "invalid --clip");
+  expect_usage_error(base + " --accum 0", "invalid --accum");
   expect_usage_error(base + " --lr abc", "--lr");
   expect_usage_error(base + " --bogus 1", "--bogus");
   expect_usage_error(base + " --bs 1000", "smaller than --bs 1000");
@@ -109,6 +115,18 @@ TEST(CliTest, SmallRunWritesMetricsStepsAndSummary) {
   EXPECT_EQ(std::count(steps.begin(), steps.end(), '\n'), 1 + 2 * 8);
   const std::string metrics = slurp(out + "/metrics.csv");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 3);
+}
+
+TEST(CliTest, Bf16RunRecordsNoScaleAndClipAccumWork) {
+  const std::string dir = test::fake_fashion_dir("cli_bf16", 128, 32);
+  const std::string out = test::scratch_dir("cli_bf16_out");
+  const CliResult r = run_cli("train --data " + dir + " --out " + out +
+                              " --bs 32 --threads 1 --model mlp --precision bf16 --clip 1 --accum 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string summary = slurp(out + "/summary.json");
+  EXPECT_NE(summary.find("\"precision\": \"bf16\""), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"skipped_steps\": 0"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"final_scale\": null"), std::string::npos) << summary;
 }
 
 } // namespace

@@ -107,4 +107,20 @@ TEST_F(MixedPrecisionTest, ToFp16ReplacesAndChains) {
     EXPECT_THROW_WITH(learn.fit(1), "fp16 mixed precision on CPU needs fp16 emulation");
 }
 
+TEST_F(MixedPrecisionTest, AccumulationStepsTheScalerOnlyOnTheBoundaryAndClipRecordsNorms) {
+  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  learn.add_cb(std::make_shared<amp::MixedPrecision>(torch::kFloat, amp::GradScalerOptions().growth_interval(1)));
+  learn.add_cb(std::make_shared<callbacks::GradientAccumulation>(2));
+  learn.add_cb(std::make_shared<callbacks::GradientClip>(0.5));
+  learn.fit(1, 1e-2);
+  auto mp = learn.mixed_precision();
+  EXPECT_EQ(mp->scales().size(), 4u);                  // 8 batches, one step per 2
+  EXPECT_EQ(mp->scaler().get_scale(), 65536.0 * 16);  // 4 clean updates, growth_interval 1
+  const auto& steps = learn.recorder().steps();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(std::isfinite(steps[i].grad_norm), i % 2 == 1) << i;  // clipped only where it stepped
+    if (i % 2 == 1) EXPECT_LT(steps[i].grad_norm, 100.0) << "clip saw scaled gradients";
+  }
+}
+
 } // namespace

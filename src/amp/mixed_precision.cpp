@@ -25,12 +25,11 @@ MixedPrecision::MixedPrecision(c10::ScalarType dtype, GradScalerOptions scaler_o
 
 int64_t MixedPrecision::skipped_steps() const { return std::count(skipped_.begin(), skipped_.end(), true); }
 
-void MixedPrecision::before_fit(Learner& learn) {
-  device_type_ = learn.device().type();
-  if (dtype_ == c10::ScalarType::BFloat16) {
-    if (device_type_ == c10::DeviceType::CUDA && !compat::cuda_bf16_supported())
+void check_precision_supported(c10::ScalarType dtype, c10::DeviceType device) {
+  if (dtype == c10::ScalarType::BFloat16) {
+    if (device == c10::DeviceType::CUDA && !compat::cuda_bf16_supported())
       throw std::invalid_argument("Unsupported GPU for bfloat16 mixed precision training");
-    if (device_type_ == c10::DeviceType::CPU && !compat::cpu_has_native_bf16()) {
+    if (device == c10::DeviceType::CPU && !compat::cpu_has_native_bf16()) {
       static bool noticed = false;  // one notice per process
       if (!noticed)
         std::cerr << "mixtrain: notice: this CPU has no native bf16 instructions; bf16 autocast trains "
@@ -38,10 +37,14 @@ void MixedPrecision::before_fit(Learner& learn) {
       noticed = true;
     }
   }
-  if (dtype_ == c10::ScalarType::Half && device_type_ == c10::DeviceType::CPU)
-    TORCH_CHECK(false,
-                "fp16 mixed precision on CPU needs fp16 emulation, which this build does not have yet; "
-                "use bf16 (real CPU autocast) or fp32");
+  TORCH_CHECK(!(dtype == c10::ScalarType::Half && device == c10::DeviceType::CPU),
+              "fp16 mixed precision on CPU needs fp16 emulation, which this build does not have yet; "
+              "use bf16 (real CPU autocast) or fp32");
+}
+
+void MixedPrecision::before_fit(Learner& learn) {
+  device_type_ = learn.device().type();
+  check_precision_supported(dtype_, device_type_);
 }
 
 void MixedPrecision::before_batch(Learner&) {

@@ -32,6 +32,9 @@ struct TrainArgs {
   int threads = 0;     // 0: all cores
   std::string out;     // empty: runs/<timestamp>
   std::string precision = "fp32";
+  mixtrain::amp::GradScalerOptions scaler;  // fp16 only
+  double clip = 0;    // 0: no clipping
+  int64_t accum = 1;  // batches per optimizer step
 };
 
 /// A user error: printed as one line, exit 2.
@@ -65,7 +68,20 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
                  "Intra-op threads (>= 1; default 0 = all cores, OpenBLAS pinned to 1 thread)")
       ->capture_default_str();
   cmd.add_option("--out", a.out, "Run directory for metrics.csv, steps.csv, summary.json (default: runs/<timestamp>)");
-  cmd.add_option("--precision", a.precision, "Training precision: fp32")->capture_default_str();
+  cmd.add_option("--precision", a.precision,
+                 "Training precision: fp32, fp16 (autocast + dynamic loss scaling), bf16 (autocast, no scaler)")
+      ->capture_default_str();
+  cmd.add_option_function<double>("--init-scale", [&a](double v) { a.scaler.init_scale(v); },
+                                  "fp16: initial loss scale (default 65536)");
+  cmd.add_option_function<double>("--growth-factor", [&a](double v) { a.scaler.growth_factor(v); },
+                                  "fp16: scale multiplier after growth-interval clean steps (default 2)");
+  cmd.add_option_function<double>("--backoff-factor", [&a](double v) { a.scaler.backoff_factor(v); },
+                                  "fp16: scale multiplier on overflow (default 0.5)");
+  cmd.add_option_function<int64_t>("--growth-interval", [&a](int64_t v) { a.scaler.growth_interval(v); },
+                                   "fp16: clean steps before the scale grows (default 2000)");
+  cmd.add_option("--clip", a.clip, "Clip the global gradient norm to X (after unscaling; default: off)");
+  cmd.add_option("--accum", a.accum, "Accumulate gradients over N batches per optimizer step (default 1)")
+      ->capture_default_str();
 }
 
 void validate(const TrainArgs& a) {
@@ -75,8 +91,24 @@ void validate(const TrainArgs& a) {
   if (a.limit == 0 || a.limit < -1) throw UsageError("invalid --limit " + std::to_string(a.limit) + ": must be >= 1");
   if (a.threads < 0) throw UsageError("invalid --threads " + std::to_string(a.threads) + ": must be >= 1");
   if (a.model != "cnn" && a.model != "mlp") throw UsageError("unknown --model '" + a.model + "' (choices: cnn, mlp)");
-  if (a.precision != "fp32")
-    throw UsageError("unsupported --precision '" + a.precision + "' (available: fp32)");
+  if (a.precision != "fp32" && a.precision != "fp16" && a.precision != "bf16")
+    throw UsageError("unsupported --precision '" + a.precision + "' (available: fp32, fp16, bf16)");
+  if (a.clip < 0 || !std::isfinite(a.clip)) throw UsageError("invalid --clip " + format_number(a.clip) + ": must be > 0");
+  if (a.accum < 1) throw UsageError("invalid --accum " + std::to_string(a.accum) + ": must be >= 1");
+  // The scaler validates its own options; report them as flag errors before any work.
+  try {
+    mixtrain::amp::GradScaler check(a.scaler);
+  } catch (const c10::Error& e) {
+    throw UsageError(e.what_without_backtrace());
+  }
+  if (a.precision != "fp32") {
+    try {
+      mixtrain::amp::check_precision_supported(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16,
+                                               torch::kCPU);
+    } catch (const c10::Error& e) {
+      throw UsageError(e.what_without_backtrace());
+    }
+  }
   if (!fs::is_directory(a.data)) throw UsageError("data directory not found: " + a.data);
 }
 
@@ -111,6 +143,10 @@ int run_train(TrainArgs a) {
   mixtrain::Learner learn(mixtrain::models::by_name(a.model),
                           mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed), mixtrain::cross_entropy(),
                           mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}));
+  if (a.precision == "fp16") learn.to_fp16(a.scaler);
+  if (a.precision == "bf16") learn.to_bf16();
+  if (a.clip > 0) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
+  if (a.accum > 1) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
   learn.add_cb(std::make_shared<mixtrain::callbacks::CSVLogger>(a.out));
   learn.add_cb(std::make_shared<mixtrain::callbacks::SummaryWriter>(
       a.out + "/summary.json",

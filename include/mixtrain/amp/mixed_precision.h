@@ -12,6 +12,12 @@
 
 namespace mixtrain::amp {
 
+/// Throws when `dtype` mixed precision cannot run on `device`: bf16 on a CUDA GPU
+/// without bf16 (std::invalid_argument, fastai's message), or fp16 on CPU
+/// (not available in this build). Prints the one-time slow-bf16 notice on CPUs
+/// without native bf16.
+void check_precision_supported(c10::ScalarType dtype, c10::DeviceType device);
+
 /// Runs the forward pass and the loss under autocast (before_batch to
 /// after_loss), casts floating-point predictions to fp32 (after_pred), scales
 /// the loss (before_backward; the logged loss stays unscaled), unscales and
