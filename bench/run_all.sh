@@ -5,3 +5,5 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 echo "== train_bench: 1 epoch, mixtrain vs Python loop vs raw libtorch loop"
 bash bench/train_bench.sh "$build" 5
+echo "== amp_bench: fused unscale bandwidth, GradScaler overhead per CNN step"
+"$build/bench/amp_bench"
