@@ -5,7 +5,6 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
-#include <set>
 
 namespace mixtrain::amp {
 

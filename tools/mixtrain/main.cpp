@@ -95,20 +95,11 @@ void validate(const TrainArgs& a) {
     throw UsageError("unsupported --precision '" + a.precision + "' (available: fp32, fp16, bf16)");
   if (a.clip < 0 || !std::isfinite(a.clip)) throw UsageError("invalid --clip " + format_number(a.clip) + ": must be > 0");
   if (a.accum < 1) throw UsageError("invalid --accum " + std::to_string(a.accum) + ": must be >= 1");
-  // The scaler validates its own options; report them as flag errors before any work.
-  try {
-    mixtrain::amp::GradScaler check(a.scaler);
-  } catch (const c10::Error& e) {
-    throw UsageError(e.what_without_backtrace());
-  }
-  if (a.precision != "fp32") {
-    try {
-      mixtrain::amp::check_precision_supported(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16,
-                                               torch::kCPU);
-    } catch (const c10::Error& e) {
-      throw UsageError(e.what_without_backtrace());
-    }
-  }
+  // The scaler and the precision check throw c10::Error; main() reports those as
+  // one-line flag errors like UsageError, before any work is done.
+  mixtrain::amp::GradScaler check_scaler_options(a.scaler);
+  if (a.precision != "fp32")
+    mixtrain::amp::check_precision_supported(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16, torch::kCPU);
   if (!fs::is_directory(a.data)) throw UsageError("data directory not found: " + a.data);
 }
 
