@@ -118,13 +118,20 @@ bool non_finite_check_and_unscale_cpu(const std::vector<torch::Tensor>& grads, f
 }
 
 bool has_non_finite(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> cpu, other;
+  std::vector<torch::Tensor> cpu, device;
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
-    (t.device().is_cpu() ? cpu : other).push_back(t);
+    (t.device().is_cpu() ? cpu : device).push_back(t);
   }
   bool found = check_and_unscale(cpu, 1.0f, false);
-  for (const auto& t : other) found = found || !at::isfinite(t).all().item<bool>();
+  if (!found && !device.empty()) {
+    // One fused kernel (inv_scale 1 skips the multiply) and one host read for
+    // all device tensors, instead of an isfinite pass and a sync per tensor.
+    auto opts = torch::TensorOptions().dtype(at::kFloat).device(device.front().device());
+    torch::Tensor found_inf = torch::zeros({1}, opts);
+    non_finite_check_and_unscale_(device, found_inf, torch::ones({1}, opts));
+    found = found_inf.item<float>() != 0.0f;
+  }
   return found;
 }
 
