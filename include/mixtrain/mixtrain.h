@@ -7,6 +7,7 @@
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/callback.h"
 #include "mixtrain/callbacks/csv_logger.h"
+#include "mixtrain/callbacks/gradient_accumulation.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/progress.h"
 #include "mixtrain/callbacks/summary_writer.h"
