@@ -46,7 +46,7 @@ TEST(CliTest, HelpExplainsEveryFlag) {
   EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--data", "--model", "--epochs", "--lr", "--bs", "--seed", "--limit", "--threads", "--out",
                            "--precision", "--init-scale", "--growth-factor", "--backoff-factor", "--growth-interval",
-                           "--clip", "--accum"})
+                           "--clip", "--accum", "--no-emulation"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   EXPECT_EQ(run_cli("--help").code, 0);
 }
@@ -65,6 +65,7 @@ TEST(CliTest, BadValuesAreOneLineErrors) {
   expect_usage_error(base + " --precision fp16 --growth-factor 1", "Invalid growth_factor: 1 (must be > 1)");
   expect_usage_error(base + " --precision fp16 --backoff-factor 2", "Invalid backoff_factor");
   expect_usage_error(base + " --precision fp16 --growth-interval 0", "Invalid growth_interval");
+  expect_usage_error(base + " --precision fp16 --no-emulation", "fp16 emulation on CPU is forbidden");
   expect_usage_error(base + " --clip -1", "invalid --clip");
   expect_usage_error(base + " --accum 0", "invalid --accum");
   expect_usage_error(base + " --lr abc", "--lr");

@@ -105,8 +105,9 @@ class Learner {
   std::pair<torch::Tensor, torch::Tensor> get_preds();
 
   /// Mixed precision with fp16 autocast and dynamic loss scaling (fastai's
-  /// to_fp16). Replaces any earlier precision callback. Chainable.
-  Learner& to_fp16(amp::GradScalerOptions scaler_options = {});
+  /// to_fp16). On CPU fp16 numerics are emulated, unless `allow_fp16_emulation`
+  /// is false (then fit throws). Replaces any earlier precision callback. Chainable.
+  Learner& to_fp16(amp::GradScalerOptions scaler_options = {}, bool allow_fp16_emulation = true);
   /// Mixed precision with bf16 autocast and no loss scaling (fastai's to_bf16).
   Learner& to_bf16();
   /// Back to full precision: detaches the mixed-precision callback. The

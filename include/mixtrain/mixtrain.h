@@ -2,11 +2,13 @@
 /// Umbrella header: everything a training program needs.
 
 #include "mixtrain/amp/autocast.h"
+#include "mixtrain/amp/fp16_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/callback.h"
 #include "mixtrain/callbacks/csv_logger.h"
+#include "mixtrain/callbacks/gan.h"
 #include "mixtrain/callbacks/gradient_accumulation.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/progress.h"

@@ -16,8 +16,8 @@ GradScalerOptions scaler_options_for(c10::ScalarType dtype, GradScalerOptions op
 }
 } // namespace
 
-MixedPrecision::MixedPrecision(c10::ScalarType dtype, GradScalerOptions scaler_options)
-    : dtype_(dtype), scaler_(scaler_options_for(dtype, scaler_options)) {
+MixedPrecision::MixedPrecision(c10::ScalarType dtype, GradScalerOptions scaler_options, bool allow_fp16_emulation)
+    : dtype_(dtype), scaler_(scaler_options_for(dtype, scaler_options)), allow_fp16_emulation_(allow_fp16_emulation) {
   TORCH_CHECK(dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16 || dtype == c10::ScalarType::Float,
               "MixedPrecision: dtype must be Half, BFloat16 or Float, got ", dtype);
   order = 10;
@@ -25,30 +25,47 @@ MixedPrecision::MixedPrecision(c10::ScalarType dtype, GradScalerOptions scaler_o
 
 int64_t MixedPrecision::skipped_steps() const { return std::count(skipped_.begin(), skipped_.end(), true); }
 
-void check_precision_supported(c10::ScalarType dtype, c10::DeviceType device) {
+namespace {
+/// Prints `message` to stderr once per process per call site.
+void notice_once(bool& printed, const char* message) {
+  if (!printed) std::cerr << "mixtrain: notice: " << message << std::endl;
+  printed = true;
+}
+} // namespace
+
+bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bool allow_fp16_emulation) {
   if (dtype == c10::ScalarType::BFloat16) {
     if (device == c10::DeviceType::CUDA && !compat::cuda_bf16_supported())
       throw std::invalid_argument("Unsupported GPU for bfloat16 mixed precision training");
-    if (device == c10::DeviceType::CPU && !compat::cpu_has_native_bf16()) {
-      static bool noticed = false;  // one notice per process
-      if (!noticed)
-        std::cerr << "mixtrain: notice: this CPU has no native bf16 instructions; bf16 autocast trains "
-                     "correctly but 5-40x slower than fp32" << std::endl;
-      noticed = true;
-    }
+    static bool slow_bf16_noticed = false;
+    if (device == c10::DeviceType::CPU && !compat::cpu_has_native_bf16())
+      notice_once(slow_bf16_noticed,
+                  "this CPU has no native bf16 instructions; bf16 autocast trains correctly but 5-40x slower than fp32");
   }
-  TORCH_CHECK(!(dtype == c10::ScalarType::Half && device == c10::DeviceType::CPU),
-              "fp16 mixed precision on CPU needs fp16 emulation, which this build does not have yet; "
-              "use bf16 (real CPU autocast) or fp32");
+  if (dtype != c10::ScalarType::Half || device != c10::DeviceType::CPU) return false;
+  TORCH_CHECK(allow_fp16_emulation,
+              "fp16 mixed precision needs CUDA, and fp16 emulation on CPU is forbidden (--no-emulation); "
+              "use bf16 (real CPU autocast), fp32, or allow emulation");
+  static bool emulation_noticed = false;
+  notice_once(emulation_noticed, "fp16 numerics are emulated on CPU (no speed-up; for checking fp16 safety)");
+  return true;
 }
 
 void MixedPrecision::before_fit(Learner& learn) {
   device_type_ = learn.device().type();
-  check_precision_supported(dtype_, device_type_);
+  emulated_ = check_precision_supported(dtype_, device_type_, allow_fp16_emulation_);
 }
 
 void MixedPrecision::before_batch(Learner&) {
-  if (dtype_ != c10::ScalarType::Float) guard_.emplace(device_type_, dtype_);
+  if (emulated_)
+    emulation_.emplace();
+  else if (dtype_ != c10::ScalarType::Float)
+    guard_.emplace(device_type_, dtype_);
+}
+
+void MixedPrecision::end_forward_region() {
+  guard_.reset();
+  emulation_.reset();
 }
 
 void MixedPrecision::after_pred(Learner& learn) {
@@ -57,7 +74,7 @@ void MixedPrecision::after_pred(Learner& learn) {
   if (pred.defined() && pred.is_floating_point() && pred.scalar_type() != torch::kFloat) pred = pred.to(torch::kFloat);
 }
 
-void MixedPrecision::after_loss(Learner&) { guard_.reset(); }
+void MixedPrecision::after_loss(Learner&) { end_forward_region(); }
 
 void MixedPrecision::before_backward(Learner& learn) {
   if (scaler_.is_enabled()) learn.loss_grad() = scaler_.scale(learn.loss_grad());
@@ -81,11 +98,11 @@ void MixedPrecision::after_step(Learner&) {
   step_attempted_ = false;
 }
 
-void MixedPrecision::after_batch(Learner&) { guard_.reset(); }
-void MixedPrecision::after_cancel_batch(Learner&) { guard_.reset(); }
+void MixedPrecision::after_batch(Learner&) { end_forward_region(); }
+void MixedPrecision::after_cancel_batch(Learner&) { end_forward_region(); }
 
 void MixedPrecision::after_fit(Learner&) {
-  guard_.reset();
+  end_forward_region();
   step_attempted_ = false;
 }
 
@@ -93,9 +110,9 @@ void MixedPrecision::after_fit(Learner&) {
 
 namespace mixtrain {
 
-Learner& Learner::to_fp16(amp::GradScalerOptions scaler_options) {
+Learner& Learner::to_fp16(amp::GradScalerOptions scaler_options, bool allow_fp16_emulation) {
   to_fp32();
-  add_cb(std::make_shared<amp::MixedPrecision>(c10::ScalarType::Half, scaler_options));
+  add_cb(std::make_shared<amp::MixedPrecision>(c10::ScalarType::Half, scaler_options, allow_fp16_emulation));
   return *this;
 }
 

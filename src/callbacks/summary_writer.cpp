@@ -22,8 +22,9 @@ nlohmann::json number_or_integer(double v) {
 } // namespace
 
 SummaryWriter::SummaryWriter(std::string path, std::map<std::string, std::string> text_fields,
-                             std::map<std::string, double> number_fields)
-    : path_(std::move(path)), text_fields_(std::move(text_fields)), number_fields_(std::move(number_fields)) {
+                             std::map<std::string, double> number_fields, std::map<std::string, bool> flag_fields)
+    : path_(std::move(path)), text_fields_(std::move(text_fields)), number_fields_(std::move(number_fields)),
+      flag_fields_(std::move(flag_fields)) {
   order = 80;
 }
 
@@ -63,6 +64,7 @@ void SummaryWriter::after_fit(Learner& learn) {
   j["torch_version"] = TORCH_VERSION;
   for (const auto& kv : text_fields_) j[kv.first] = kv.second;
   for (const auto& kv : number_fields_) j[kv.first] = number_or_integer(kv.second);
+  for (const auto& kv : flag_fields_) j[kv.first] = kv.second;
   std::ofstream f(path_, std::ios::out | std::ios::trunc);
   TORCH_CHECK(f.is_open(), "Cannot write ", path_, ": ", std::strerror(errno));
   f << j.dump(2) << '\n';

@@ -35,6 +35,7 @@ struct TrainArgs {
   mixtrain::amp::GradScalerOptions scaler;  // fp16 only
   double clip = 0;    // 0: no clipping
   int64_t accum = 1;  // batches per optimizer step
+  bool no_emulation = false;  // fp16 on CPU: error instead of emulation
 };
 
 /// A user error: printed as one line, exit 2.
@@ -79,6 +80,8 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
                                   "fp16: scale multiplier on overflow (default 0.5)");
   cmd.add_option_function<int64_t>("--growth-interval", [&a](int64_t v) { a.scaler.growth_interval(v); },
                                    "fp16: clean steps before the scale grows (default 2000)");
+  cmd.add_flag("--no-emulation", a.no_emulation,
+               "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)");
   cmd.add_option("--clip", a.clip, "Clip the global gradient norm to X (after unscaling; default: off)");
   cmd.add_option("--accum", a.accum, "Accumulate gradients over N batches per optimizer step (default 1)")
       ->capture_default_str();
@@ -99,7 +102,8 @@ void validate(const TrainArgs& a) {
   // one-line flag errors like UsageError, before any work is done.
   mixtrain::amp::GradScaler check_scaler_options(a.scaler);
   if (a.precision != "fp32")
-    mixtrain::amp::check_precision_supported(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16, torch::kCPU);
+    mixtrain::amp::check_precision_supported(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16, torch::kCPU,
+                                             !a.no_emulation);
   if (!fs::is_directory(a.data)) throw UsageError("data directory not found: " + a.data);
 }
 
@@ -134,7 +138,7 @@ int run_train(TrainArgs a) {
   mixtrain::Learner learn(mixtrain::models::by_name(a.model),
                           mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed), mixtrain::cross_entropy(),
                           mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}));
-  if (a.precision == "fp16") learn.to_fp16(a.scaler);
+  if (a.precision == "fp16") learn.to_fp16(a.scaler, !a.no_emulation);
   if (a.precision == "bf16") learn.to_bf16();
   if (a.clip > 0) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
   if (a.accum > 1) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
@@ -146,7 +150,9 @@ int run_train(TrainArgs a) {
                                     {"seed", static_cast<double>(a.seed)},
                                     {"batch_size", static_cast<double>(a.bs)},
                                     {"lr", a.lr},
-                                    {"train_samples", static_cast<double>(split.train.size())}}));
+                                    {"train_samples", static_cast<double>(split.train.size())}},
+      // The CLI trains on CPU, where fp16 is always emulated.
+      std::map<std::string, bool>{{"emulated", a.precision == "fp16"}}));
 
   std::cout << "mixtrain train: model " << a.model << ", " << split.train.size() << " train / "
             << split.valid.size() << " valid images, " << a.epochs << " epoch(s), lr " << a.lr << ", bs " << a.bs

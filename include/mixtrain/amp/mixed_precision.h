@@ -3,6 +3,7 @@
 /// without fastai's silences: every step's scale and skip is recorded and kept.
 
 #include "mixtrain/amp/autocast.h"
+#include "mixtrain/amp/fp16_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/callback.h"
 
@@ -13,10 +14,11 @@
 namespace mixtrain::amp {
 
 /// Throws when `dtype` mixed precision cannot run on `device`: bf16 on a CUDA GPU
-/// without bf16 (std::invalid_argument, fastai's message), or fp16 on CPU
-/// (not available in this build). Prints the one-time slow-bf16 notice on CPUs
-/// without native bf16.
-void check_precision_supported(c10::ScalarType dtype, c10::DeviceType device);
+/// without bf16 (std::invalid_argument, fastai's message), or fp16 on CPU when
+/// emulation is forbidden. Prints the one-time notices: fp16 emulated on CPU,
+/// and slow bf16 on CPUs without native bf16 instructions.
+/// Returns true when fp16 will be emulated (fp16 on CPU).
+bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bool allow_fp16_emulation = true);
 
 /// Runs the forward pass and the loss under autocast (before_batch to
 /// after_loss), casts floating-point predictions to fp32 (after_pred), scales
@@ -27,13 +29,18 @@ void check_precision_supported(c10::ScalarType dtype, c10::DeviceType device);
 /// dtype kHalf uses a GradScaler; kBFloat16 has fp32's range and uses none
 /// (as fastai). kFloat disables autocast and keeps the scaler: fp32 with loss
 /// scaling, useful to measure the scaler's cost or to test skip handling.
+/// fp16 on CPU is emulated (amp/fp16_emulation.h) unless `allow_fp16_emulation`
+/// is false, which makes it an error at fit.
 /// Order 10, as in fastai. Learner::to_fp16 / to_bf16 attach it.
 class MixedPrecision : public Callback {
  public:
-  explicit MixedPrecision(c10::ScalarType dtype = c10::ScalarType::Half, GradScalerOptions scaler_options = {});
+  explicit MixedPrecision(c10::ScalarType dtype = c10::ScalarType::Half, GradScalerOptions scaler_options = {},
+                          bool allow_fp16_emulation = true);
   std::string name() const override { return "MixedPrecision"; }
 
   c10::ScalarType dtype() const { return dtype_; }
+  /// Whether the last fit emulated fp16 numerics (fp16 on CPU).
+  bool emulated() const { return emulated_; }
   /// The scaler (disabled for bf16).
   GradScaler& scaler() { return scaler_; }
   /// Scale used at every attempted optimizer step, skipped ones included; kept after fit.
@@ -55,10 +62,16 @@ class MixedPrecision : public Callback {
   void after_fit(Learner& learn) override;
 
  private:
+  /// Closes autocast / emulation (after the loss, and on any exit from a batch).
+  void end_forward_region();
+
   c10::ScalarType dtype_;
   GradScaler scaler_;
   c10::DeviceType device_type_ = c10::DeviceType::CPU;
+  bool allow_fp16_emulation_;
+  bool emulated_ = false;
   std::optional<autocast> guard_;
+  std::optional<Fp16Emulation> emulation_;
   bool step_attempted_ = false;
   std::vector<double> scales_;
   std::vector<bool> skipped_;

@@ -16,7 +16,7 @@ namespace mixtrain::callbacks {
 class SummaryWriter : public Callback {
  public:
   SummaryWriter(std::string path, std::map<std::string, std::string> text_fields = {},
-                std::map<std::string, double> number_fields = {});
+                std::map<std::string, double> number_fields = {}, std::map<std::string, bool> flag_fields = {});
   std::string name() const override { return "SummaryWriter"; }
   void after_fit(Learner& learn) override;
 
@@ -24,6 +24,7 @@ class SummaryWriter : public Callback {
   std::string path_;
   std::map<std::string, std::string> text_fields_;
   std::map<std::string, double> number_fields_;
+  std::map<std::string, bool> flag_fields_;
 };
 
 } // namespace mixtrain::callbacks
