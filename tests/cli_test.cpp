@@ -46,7 +46,8 @@ TEST(CliTest, HelpExplainsEveryFlag) {
   EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--data", "--model", "--epochs", "--lr", "--bs", "--seed", "--limit", "--threads", "--out",
                            "--precision", "--init-scale", "--growth-factor", "--backoff-factor", "--growth-interval",
-                           "--clip", "--accum", "--no-emulation"})
+                           "--clip", "--accum", "--no-emulation", "--loss-scale", "--max-noskip", "--max-scale",
+                           "--flat-master"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   EXPECT_EQ(run_cli("--help").code, 0);
 }
@@ -66,6 +67,10 @@ TEST(CliTest, BadValuesAreOneLineErrors) {
   expect_usage_error(base + " --precision fp16 --backoff-factor 2", "Invalid backoff_factor");
   expect_usage_error(base + " --precision fp16 --growth-interval 0", "Invalid growth_interval");
   expect_usage_error(base + " --precision fp16 --no-emulation", "fp16 emulation on CPU is forbidden");
+  expect_usage_error(base + " --precision fp16-master", "use --precision bf16-master");
+  expect_usage_error(base + " --precision bf16-master --max-noskip 0", "invalid --max-noskip");
+  expect_usage_error(base + " --precision bf16-master --max-scale 0.5", "invalid --max-scale");
+  expect_usage_error(base + " --precision bf16-master --loss-scale -2", "invalid --loss-scale");
   expect_usage_error(base + " --clip -1", "invalid --clip");
   expect_usage_error(base + " --accum 0", "invalid --accum");
   expect_usage_error(base + " --lr abc", "--lr");
@@ -128,6 +133,19 @@ TEST(CliTest, Bf16RunRecordsNoScaleAndClipAccumWork) {
   EXPECT_NE(summary.find("\"precision\": \"bf16\""), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"skipped_steps\": 0"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"final_scale\": null"), std::string::npos) << summary;
+}
+
+TEST(CliTest, Bf16MasterRunReportsParameterMemory) {
+  const std::string dir = test::fake_fashion_dir("cli_master", 128, 32);
+  const std::string out = test::scratch_dir("cli_master_out");
+  const CliResult r = run_cli("train --data " + dir + " --out " + out +
+                              " --bs 32 --threads 1 --precision bf16-master --flat-master --loss-scale 1024");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string summary = slurp(out + "/summary.json");
+  // The CNN has 20,538 parameters: bf16 except BatchNorm's 96 (fp32); masters are all fp32.
+  EXPECT_NE(summary.find("\"param_bytes_model\": 41268"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"param_bytes_master\": 82152"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"final_scale\": 1024"), std::string::npos) << summary;
 }
 
 } // namespace

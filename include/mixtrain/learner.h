@@ -4,6 +4,7 @@
 /// schedules, mixed precision) is a callback.
 
 #include "mixtrain/amp/grad_scaler.h"
+#include "mixtrain/amp/master_weights.h"
 #include "mixtrain/callback.h"
 #include "mixtrain/data.h"
 #include "mixtrain/metrics.h"
@@ -110,8 +111,13 @@ class Learner {
   Learner& to_fp16(amp::GradScalerOptions scaler_options = {}, bool allow_fp16_emulation = true);
   /// Mixed precision with bf16 autocast and no loss scaling (fastai's to_bf16).
   Learner& to_bf16();
-  /// Back to full precision: detaches the mixed-precision callback. The
-  /// Recorder keeps the scale/skip history of earlier fits.
+  /// fastai v1's mixed precision: the model stored in `options.dtype()` (norm
+  /// layers fp32), fp32 master weights updated by the optimizer, dynamic loss
+  /// scaling with true skips. Replaces any earlier precision mode. Chainable.
+  Learner& to_half(amp::MasterWeightsOptions options = {});
+  /// Back to full precision: detaches the mixed-precision callback (master
+  /// weights are copied back into an fp32 model). The Recorder keeps the
+  /// scale/skip history of earlier fits.
   Learner& to_fp32();
   /// The attached MixedPrecision callback (scaler, scale history), or nullptr.
   std::shared_ptr<amp::MixedPrecision> mixed_precision() const;

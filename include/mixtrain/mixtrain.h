@@ -4,6 +4,7 @@
 #include "mixtrain/amp/autocast.h"
 #include "mixtrain/amp/fp16_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
+#include "mixtrain/amp/master_weights.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/callback.h"

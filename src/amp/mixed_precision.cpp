@@ -1,5 +1,6 @@
 #include "mixtrain/amp/mixed_precision.h"
 
+#include "mixtrain/amp/master_weights.h"
 #include "mixtrain/learner.h"
 
 #include <algorithm>
@@ -22,8 +23,6 @@ MixedPrecision::MixedPrecision(c10::ScalarType dtype, GradScalerOptions scaler_o
               "MixedPrecision: dtype must be Half, BFloat16 or Float, got ", dtype);
   order = 10;
 }
-
-int64_t MixedPrecision::skipped_steps() const { return std::count(skipped_.begin(), skipped_.end(), true); }
 
 namespace {
 /// Prints `message` to stderr once per process per call site.
@@ -85,8 +84,7 @@ void MixedPrecision::before_step(Learner& learn) {
   const double scale_used = scaler_.get_scale();
   const bool step = scaler_.prepare_step(learn.opt());
   step_attempted_ = true;
-  scales_.push_back(scale_used);
-  skipped_.push_back(!step);
+  history_.record(scale_used, !step);
   learn.step_info().scale = scale_used;
   learn.step_info().skipped = !step;
   if (!step) throw CancelStepException();
@@ -124,6 +122,10 @@ Learner& Learner::to_bf16() {
 
 Learner& Learner::to_fp32() {
   while (auto mp = get_cb<amp::MixedPrecision>()) remove_cb(mp);
+  while (auto mw = get_cb<amp::MasterWeights>()) {
+    mw->restore_fp32(*this);
+    remove_cb(mw);
+  }
   return *this;
 }
 

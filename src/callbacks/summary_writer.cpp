@@ -65,6 +65,8 @@ void SummaryWriter::after_fit(Learner& learn) {
   for (const auto& kv : text_fields_) j[kv.first] = kv.second;
   for (const auto& kv : number_fields_) j[kv.first] = number_or_integer(kv.second);
   for (const auto& kv : flag_fields_) j[kv.first] = kv.second;
+  for (const auto& provider : late_numbers_)
+    for (const auto& kv : provider()) j[kv.first] = number_or_integer(kv.second);
   std::ofstream f(path_, std::ios::out | std::ios::trunc);
   TORCH_CHECK(f.is_open(), "Cannot write ", path_, ": ", std::strerror(errno));
   f << j.dump(2) << '\n';

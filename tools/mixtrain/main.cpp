@@ -36,6 +36,7 @@ struct TrainArgs {
   double clip = 0;    // 0: no clipping
   int64_t accum = 1;  // batches per optimizer step
   bool no_emulation = false;  // fp16 on CPU: error instead of emulation
+  mixtrain::amp::MasterWeightsOptions master;  // fp16-master / bf16-master only
 };
 
 /// A user error: printed as one line, exit 2.
@@ -70,7 +71,9 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
       ->capture_default_str();
   cmd.add_option("--out", a.out, "Run directory for metrics.csv, steps.csv, summary.json (default: runs/<timestamp>)");
   cmd.add_option("--precision", a.precision,
-                 "Training precision: fp32, fp16 (autocast + dynamic loss scaling), bf16 (autocast, no scaler)")
+                 "Training precision: fp32, fp16 (autocast + dynamic loss scaling; emulated on CPU), "
+                 "bf16 (autocast, no scaler), bf16-master / fp16-master (model stored in bf16/fp16, "
+                 "fp32 master weights, norm layers fp32)")
       ->capture_default_str();
   cmd.add_option_function<double>("--init-scale", [&a](double v) { a.scaler.init_scale(v); },
                                   "fp16: initial loss scale (default 65536)");
@@ -80,6 +83,14 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
                                   "fp16: scale multiplier on overflow (default 0.5)");
   cmd.add_option_function<int64_t>("--growth-interval", [&a](int64_t v) { a.scaler.growth_interval(v); },
                                    "fp16: clean steps before the scale grows (default 2000)");
+  cmd.add_option_function<double>("--loss-scale", [&a](double v) { a.master.loss_scale(v).dynamic(false); },
+                                  "fp16-master/bf16-master: a static loss scale X (default: dynamic from 65536)");
+  cmd.add_option_function<int64_t>("--max-noskip", [&a](int64_t v) { a.master.max_noskip(v); },
+                                   "fp16-master/bf16-master: clean steps before the scale doubles (default 1000)");
+  cmd.add_option_function<double>("--max-scale", [&a](double v) { a.master.max_scale(v); },
+                                  "fp16-master/bf16-master: the scale never grows past X (default 16777216)");
+  cmd.add_flag_function("--flat-master", [&a](int64_t) { a.master.flat_master(true); },
+                        "fp16-master/bf16-master: one contiguous fp32 master buffer per param group");
   cmd.add_flag("--no-emulation", a.no_emulation,
                "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)");
   cmd.add_option("--clip", a.clip, "Clip the global gradient norm to X (after unscaling; default: off)");
@@ -94,14 +105,26 @@ void validate(const TrainArgs& a) {
   if (a.limit == 0 || a.limit < -1) throw UsageError("invalid --limit " + std::to_string(a.limit) + ": must be >= 1");
   if (a.threads < 0) throw UsageError("invalid --threads " + std::to_string(a.threads) + ": must be >= 1");
   if (a.model != "cnn" && a.model != "mlp") throw UsageError("unknown --model '" + a.model + "' (choices: cnn, mlp)");
-  if (a.precision != "fp32" && a.precision != "fp16" && a.precision != "bf16")
-    throw UsageError("unsupported --precision '" + a.precision + "' (available: fp32, fp16, bf16)");
+  const bool master = a.precision == "fp16-master" || a.precision == "bf16-master";
+  if (a.precision != "fp32" && a.precision != "fp16" && a.precision != "bf16" && !master)
+    throw UsageError("unsupported --precision '" + a.precision +
+                     "' (available: fp32, fp16, bf16, fp16-master, bf16-master)");
+  if (a.master.loss_scale() < 0 || !std::isfinite(a.master.loss_scale()))
+    throw UsageError("invalid --loss-scale " + format_number(a.master.loss_scale()) + ": must be > 0");
+  if (a.master.max_noskip() < 1)
+    throw UsageError("invalid --max-noskip " + std::to_string(a.master.max_noskip()) + ": must be >= 1");
+  if (!(a.master.max_scale() >= 1))
+    throw UsageError("invalid --max-scale " + format_number(a.master.max_scale()) + ": must be >= 1");
+  // The CLI trains on CPU, where libtorch has no half matmul.
+  if (a.precision == "fp16-master")
+    throw UsageError("--precision fp16-master needs CUDA (libtorch has no CPU half matmul); "
+                     "use --precision bf16-master, or the emulated --precision fp16");
   if (a.clip < 0 || !std::isfinite(a.clip)) throw UsageError("invalid --clip " + format_number(a.clip) + ": must be > 0");
   if (a.accum < 1) throw UsageError("invalid --accum " + std::to_string(a.accum) + ": must be >= 1");
   // The scaler and the precision check throw c10::Error; main() reports those as
   // one-line flag errors like UsageError, before any work is done.
   mixtrain::amp::GradScaler check_scaler_options(a.scaler);
-  if (a.precision != "fp32")
+  if (a.precision == "fp16" || a.precision == "bf16")
     mixtrain::amp::check_precision_supported(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16, torch::kCPU,
                                              !a.no_emulation);
   if (!fs::is_directory(a.data)) throw UsageError("data directory not found: " + a.data);
@@ -140,10 +163,12 @@ int run_train(TrainArgs a) {
                           mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}));
   if (a.precision == "fp16") learn.to_fp16(a.scaler, !a.no_emulation);
   if (a.precision == "bf16") learn.to_bf16();
+  if (a.precision == "bf16-master") learn.to_half(a.master.dtype(torch::kBFloat16));
+
   if (a.clip > 0) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
   if (a.accum > 1) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
   learn.add_cb(std::make_shared<mixtrain::callbacks::CSVLogger>(a.out));
-  learn.add_cb(std::make_shared<mixtrain::callbacks::SummaryWriter>(
+  auto summary = std::make_shared<mixtrain::callbacks::SummaryWriter>(
       a.out + "/summary.json",
       std::map<std::string, std::string>{{"precision", a.precision}, {"model", a.model}},
       std::map<std::string, double>{{"threads", threads},
@@ -152,7 +177,17 @@ int run_train(TrainArgs a) {
                                     {"lr", a.lr},
                                     {"train_samples", static_cast<double>(split.train.size())}},
       // The CLI trains on CPU, where fp16 is always emulated.
-      std::map<std::string, bool>{{"emulated", a.precision == "fp16"}}));
+      std::map<std::string, bool>{{"emulated", a.precision == "fp16"}});
+  if (auto mw = learn.get_cb<mixtrain::amp::MasterWeights>()) {
+    // Measured after fit, when the gradients exist: what master weights cost.
+    summary->add_late_numbers([mw] {
+      const auto mem = mw->memory();
+      return std::map<std::string, double>{{"param_bytes_model", static_cast<double>(mem.model)},
+                                           {"param_bytes_master", static_cast<double>(mem.masters)},
+                                           {"param_bytes_grads", static_cast<double>(mem.grads)}};
+    });
+  }
+  learn.add_cb(summary);
 
   std::cout << "mixtrain train: model " << a.model << ", " << split.train.size() << " train / "
             << split.valid.size() << " valid images, " << a.epochs << " epoch(s), lr " << a.lr << ", bs " << a.bs

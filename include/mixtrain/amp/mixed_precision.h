@@ -5,6 +5,7 @@
 #include "mixtrain/amp/autocast.h"
 #include "mixtrain/amp/fp16_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
+#include "mixtrain/amp/scale_history.h"
 #include "mixtrain/callback.h"
 
 #include <memory>
@@ -44,11 +45,11 @@ class MixedPrecision : public Callback {
   /// The scaler (disabled for bf16).
   GradScaler& scaler() { return scaler_; }
   /// Scale used at every attempted optimizer step, skipped ones included; kept after fit.
-  const std::vector<double>& scales() const { return scales_; }
+  const std::vector<double>& scales() const { return history_.scales; }
   /// Whether each step in scales() was skipped for inf/NaN gradients.
-  const std::vector<bool>& skipped() const { return skipped_; }
+  const std::vector<bool>& skipped() const { return history_.skipped; }
   /// Steps skipped so far.
-  int64_t skipped_steps() const;
+  int64_t skipped_steps() const { return history_.skipped_steps(); }
 
   void before_fit(Learner& learn) override;
   void before_batch(Learner& learn) override;
@@ -73,8 +74,7 @@ class MixedPrecision : public Callback {
   std::optional<autocast> guard_;
   std::optional<Fp16Emulation> emulation_;
   bool step_attempted_ = false;
-  std::vector<double> scales_;
-  std::vector<bool> skipped_;
+  ScaleHistory history_;
 };
 
 } // namespace mixtrain::amp

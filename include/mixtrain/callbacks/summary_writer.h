@@ -3,7 +3,9 @@
 
 #include "mixtrain/callback.h"
 
+#include <functional>
 #include <map>
+#include <vector>
 #include <string>
 
 namespace mixtrain::callbacks {
@@ -18,6 +20,10 @@ class SummaryWriter : public Callback {
   SummaryWriter(std::string path, std::map<std::string, std::string> text_fields = {},
                 std::map<std::string, double> number_fields = {}, std::map<std::string, bool> flag_fields = {});
   std::string name() const override { return "SummaryWriter"; }
+  /// Numbers computed when the summary is written (after fit), e.g. memory in use then.
+  void add_late_numbers(std::function<std::map<std::string, double>()> provider) {
+    late_numbers_.push_back(std::move(provider));
+  }
   void after_fit(Learner& learn) override;
 
  private:
@@ -25,6 +31,7 @@ class SummaryWriter : public Callback {
   std::map<std::string, std::string> text_fields_;
   std::map<std::string, double> number_fields_;
   std::map<std::string, bool> flag_fields_;
+  std::vector<std::function<std::map<std::string, double>()>> late_numbers_;
 };
 
 } // namespace mixtrain::callbacks

@@ -1,0 +1,120 @@
+#pragma once
+/// fastai v1-style mixed precision: the model's weights stored in half (or
+/// bf16), an fp32 master copy that the optimizer updates, norm layers in fp32,
+/// and steps that are truly skipped on overflow.
+
+#include "mixtrain/amp/scale_history.h"
+#include "mixtrain/callback.h"
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace torch::nn { class Module; }
+
+namespace mixtrain::amp {
+
+namespace detail { class DispatchModeGuard; }
+
+/// MasterWeights' options, with fastai v1's defaults.
+struct MasterWeightsOptions {
+  /// Storage dtype of the model: kHalf or kBFloat16.
+  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
+  /// Initial loss scale; 0 means fastai's default: 2^16 when dynamic, 512 when static.
+  TORCH_ARG(double, loss_scale) = 0;
+  /// Dynamic scaling: halve on overflow, double after max_noskip clean steps.
+  TORCH_ARG(bool, dynamic) = true;
+  /// Clean steps before the scale doubles.
+  TORCH_ARG(int64_t, max_noskip) = 1000;
+  /// The scale never grows past this (2^24).
+  TORCH_ARG(double, max_scale) = 16777216.0;
+  /// Clip the fp32 master gradients to this global norm (0: no clipping).
+  TORCH_ARG(double, clip) = 0;
+  /// Keep each param group's masters in one contiguous fp32 buffer: the
+  /// optimizer then steps one tensor per group, and the model-to-master grad
+  /// copy is one kernel.
+  TORCH_ARG(bool, flat_master) = false;
+  /// Cast predictions to fp32 before the loss.
+  TORCH_ARG(bool, loss_fp32) = true;
+};
+
+/// Bytes held for parameters, so a user can see what master weights cost.
+struct ParamMemory {
+  int64_t model = 0;    ///< the model's parameters (half / bf16, norms fp32)
+  int64_t masters = 0;  ///< fp32 master copies
+  int64_t grads = 0;    ///< model grads + master grads, once allocated
+};
+
+/// Whether `module` is a normalization layer (BatchNorm*, LayerNorm, GroupNorm,
+/// InstanceNorm*), which master-weights mode keeps in fp32.
+bool is_norm_layer(const torch::nn::Module& module);
+
+/// The callback (order 10). Learner::to_half attaches it; construction converts
+/// the model, creates the masters and rebuilds the optimizer over them (keeping
+/// each param group's options). Each training step:
+///   before_backward: loss * scale;
+///   before_step: one fused inf/NaN check over the model's grads. On overflow the
+///     step is cancelled (weights, masters and optimizer state untouched, no
+///     weight decay, no momentum), the grads are dropped, the clean counter
+///     resets and, when dynamic and scale > 1, the scale halves. Otherwise the
+///     grads go to the masters, are divided by the scale and clipped; the
+///     Learner steps the optimizer;
+///   after_step: the masters are copied back into the model; after max_noskip
+///     clean steps the scale doubles, up to max_scale.
+/// Inputs are cast to the model's dtype; norm layers get fp32 inputs and give
+/// back the model's dtype.
+class MasterWeights : public Callback {
+ public:
+  /// Converts learn's model and builds the masters and the optimizer over them.
+  MasterWeights(Learner& learn, MasterWeightsOptions options);
+  ~MasterWeights() override;
+  std::string name() const override { return "MasterWeights"; }
+
+  const MasterWeightsOptions& options() const { return options_; }
+  double loss_scale() const { return scale_; }
+  /// Clean steps since the last skip or doubling.
+  int64_t clean_steps() const { return noskip_; }
+  /// The fp32 masters the optimizer updates (one flat tensor per group with flat_master).
+  const std::vector<torch::Tensor>& masters() const { return masters_; }
+  const ScaleHistory& history() const { return history_; }
+  ParamMemory memory() const;
+  /// Copies the masters into the model as fp32, converts the model back to fp32
+  /// and rebuilds the optimizer over the model (Learner::to_fp32 calls this).
+  void restore_fp32(Learner& learn);
+
+  void before_fit(Learner& learn) override;
+  void before_batch(Learner& learn) override;
+  void after_pred(Learner& learn) override;
+  void after_loss(Learner& learn) override;
+  void before_backward(Learner& learn) override;
+  void before_step(Learner& learn) override;
+  void after_step(Learner& learn) override;
+  void after_batch(Learner& learn) override;
+  void after_cancel_batch(Learner& learn) override;
+  void after_fit(Learner& learn) override;
+
+ private:
+  struct Group {
+    std::vector<torch::Tensor> params;  // the model's parameters in this optimizer group
+    std::vector<torch::Tensor> masters; // per-parameter masters, or views into `flat`
+    torch::Tensor flat;                 // flat_master only: the group's master buffer
+  };
+  void rebuild_optimizer(Learner& learn);
+  void copy_masters_to_model();
+
+  MasterWeightsOptions options_;
+  double scale_;
+  int64_t noskip_ = 0;
+  bool stepped_ = false;
+  std::vector<Group> groups_;
+  std::vector<torch::Tensor> masters_;  // what the optimizer holds
+  std::vector<torch::Tensor> model_params_;
+  const void* optimizer_ = nullptr;     // the optimizer already rebuilt over masters_
+  ScaleHistory history_;
+  std::unique_ptr<detail::DispatchModeGuard> norm_mode_;  // fp32 norms, forward region only
+};
+
+} // namespace mixtrain::amp

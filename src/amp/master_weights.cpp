@@ -1,0 +1,245 @@
+#include "mixtrain/amp/master_weights.h"
+
+#include "dispatch_mode.h"
+#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/unscale.h"
+#include "mixtrain/learner.h"
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/instancenorm.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <unordered_map>
+
+namespace mixtrain::amp {
+
+bool is_norm_layer(const torch::nn::Module& m) {
+  namespace nn = torch::nn;
+  return dynamic_cast<const nn::BatchNorm1dImpl*>(&m) || dynamic_cast<const nn::BatchNorm2dImpl*>(&m) ||
+         dynamic_cast<const nn::BatchNorm3dImpl*>(&m) || dynamic_cast<const nn::LayerNormImpl*>(&m) ||
+         dynamic_cast<const nn::GroupNormImpl*>(&m) || dynamic_cast<const nn::InstanceNorm1dImpl*>(&m) ||
+         dynamic_cast<const nn::InstanceNorm2dImpl*>(&m) || dynamic_cast<const nn::InstanceNorm3dImpl*>(&m);
+}
+
+namespace {
+
+/// Converts the floating-point parameters and buffers of every module to `dtype`,
+/// except those of norm layers, in place (the tensors the optimizer holds stay the same objects).
+void convert_model(torch::nn::Module& model, c10::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    const c10::ScalarType target = is_norm_layer(*m) ? torch::kFloat : dtype;
+    for (auto& p : m->parameters(/*recurse=*/false))
+      if (p.is_floating_point() && p.scalar_type() != target) p.set_data(p.data().to(target));
+    for (auto& b : m->buffers(/*recurse=*/false))
+      if (b.is_floating_point() && b.scalar_type() != target) b.set_data(b.data().to(target));
+  }
+}
+
+/// An optimizer of the Learner's type (from its factory) over `groups`, each
+/// keeping the options of the same-index group of the current optimizer.
+std::unique_ptr<torch::optim::Optimizer> rebuilt_optimizer(Learner& learn,
+                                                           const std::vector<std::vector<torch::Tensor>>& groups) {
+  torch::optim::Optimizer& old = learn.opt();
+  std::vector<torch::Tensor> all;
+  std::vector<torch::optim::OptimizerParamGroup> new_groups;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    all.insert(all.end(), groups[i].begin(), groups[i].end());
+    new_groups.emplace_back(groups[i], old.param_groups()[i].options().clone());
+  }
+  auto fresh = learn.options().opt_func()(all, get_lr(old));
+  fresh->param_groups().clear();
+  for (auto& g : new_groups) fresh->add_param_group(g);
+  return fresh;
+}
+
+int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+} // namespace
+
+MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
+    : options_(options),
+      scale_(options.loss_scale() > 0 ? options.loss_scale() : (options.dynamic() ? 65536.0 : 512.0)) {
+  order = 10;
+  const auto dtype = options_.dtype();
+  TORCH_CHECK(dtype == torch::kHalf || dtype == torch::kBFloat16,
+              "MasterWeights: dtype must be Half or BFloat16, got ", dtype);
+  TORCH_CHECK(options_.max_noskip() >= 1, "Invalid max_noskip: ", options_.max_noskip(), " (must be >= 1)");
+  TORCH_CHECK(options_.max_scale() >= 1, "Invalid max_scale: ", options_.max_scale(), " (must be >= 1)");
+  TORCH_CHECK(options_.loss_scale() >= 0, "Invalid loss_scale: ", options_.loss_scale(), " (must be > 0)");
+  TORCH_CHECK(options_.clip() >= 0, "Invalid clip: ", options_.clip(), " (must be > 0)");
+  TORCH_CHECK(!(dtype == torch::kHalf && learn.device().is_cpu()),
+              "fp16 master weights need CUDA: libtorch has no CPU half matmul. Use bf16 master weights "
+              "(--precision bf16-master) or emulated fp16 (--precision fp16)");
+
+  // The optimizer's param groups decide the master groups; create it now if needed.
+  torch::optim::Optimizer& opt = learn.opt();
+  convert_model(learn.model().module(), dtype);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& group : opt.param_groups()) {
+      Group g;
+      g.params = group.params();
+      if (options_.flat_master()) {
+        std::vector<torch::Tensor> flat_parts;
+        for (const auto& p : g.params) flat_parts.push_back(p.detach().reshape({-1}).to(torch::kFloat));
+        g.flat = flat_parts.empty() ? torch::zeros({0}) : torch::cat(flat_parts);
+        g.flat.set_requires_grad(true);
+        int64_t offset = 0;
+        for (const auto& p : g.params) {
+          g.masters.push_back(g.flat.detach().narrow(0, offset, p.numel()).view(p.sizes()));
+          offset += p.numel();
+        }
+        masters_.push_back(g.flat);
+      } else {
+        for (const auto& p : g.params) {
+          torch::Tensor m = p.detach().to(torch::kFloat).clone();
+          m.set_requires_grad(true);
+          g.masters.push_back(m);
+          masters_.push_back(m);
+        }
+      }
+      for (const auto& p : g.params) model_params_.push_back(p);
+      groups_.push_back(std::move(g));
+    }
+  }
+  rebuild_optimizer(learn);
+}
+
+MasterWeights::~MasterWeights() = default;
+
+void MasterWeights::rebuild_optimizer(Learner& learn) {
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& g : groups_)
+    groups.push_back(options_.flat_master() ? std::vector<torch::Tensor>{g.flat} : g.masters);
+  auto fresh = rebuilt_optimizer(learn, groups);
+  optimizer_ = fresh.get();
+  learn.set_opt(std::move(fresh));
+}
+
+ParamMemory MasterWeights::memory() const {
+  ParamMemory m;
+  for (const auto& p : model_params_) {
+    m.model += bytes(p);
+    m.grads += bytes(p.grad());
+  }
+  for (const auto& g : groups_) {
+    if (options_.flat_master()) {
+      m.masters += bytes(g.flat);
+      m.grads += bytes(g.flat.grad());
+    } else {
+      for (const auto& t : g.masters) {
+        m.masters += bytes(t);
+        m.grads += bytes(t.grad());
+      }
+    }
+  }
+  return m;
+}
+
+void MasterWeights::before_fit(Learner& learn) {
+  TORCH_CHECK(&learn.opt() == optimizer_,
+              "MasterWeights: the optimizer was replaced after to_half(); call to_half() again");
+}
+
+void MasterWeights::before_batch(Learner& learn) {
+  torch::Tensor& x = learn.batch().x;
+  if (x.is_floating_point() && x.scalar_type() != options_.dtype()) x = x.to(options_.dtype());
+  norm_mode_ = std::make_unique<detail::DispatchModeGuard>(detail::Mode::kFp32Norms);
+}
+
+void MasterWeights::after_pred(Learner& learn) {
+  torch::Tensor& pred = learn.pred();
+  if (options_.loss_fp32() && pred.is_floating_point() && pred.scalar_type() != torch::kFloat)
+    pred = pred.to(torch::kFloat);
+}
+
+void MasterWeights::after_loss(Learner&) { norm_mode_.reset(); }
+void MasterWeights::after_batch(Learner&) { norm_mode_.reset(); }
+void MasterWeights::after_cancel_batch(Learner&) { norm_mode_.reset(); }
+void MasterWeights::after_fit(Learner&) { norm_mode_.reset(); }
+
+void MasterWeights::before_backward(Learner& learn) { learn.loss_grad() = learn.loss_grad() * scale_; }
+
+void MasterWeights::before_step(Learner& learn) {
+  stepped_ = false;
+  const double scale_used = scale_;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model_params_) grads.push_back(p.grad());
+  const bool overflow = has_non_finite(grads);  // one fused pass
+  learn.step_info().scale = scale_used;
+  learn.step_info().skipped = overflow;
+  history_.record(scale_used, overflow);
+  if (overflow) {
+    // A true skip: no optimizer call at all, so no weight decay and no momentum.
+    if (options_.dynamic() && scale_ > 1) scale_ /= 2;
+    noskip_ = 0;
+    for (auto& p : model_params_) p.mutable_grad() = torch::Tensor();
+    throw CancelStepException();
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    if (options_.flat_master()) {
+      if (!g.flat.grad().defined()) g.flat.mutable_grad() = torch::zeros_like(g.flat);
+      std::vector<torch::Tensor> parts;
+      for (const auto& p : g.params)
+        parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+      if (!parts.empty()) at::cat_out(g.flat.mutable_grad(), parts);  // one kernel, cast to fp32 on write
+      g.flat.mutable_grad().div_(scale_);
+    } else {
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        const torch::Tensor& pg = g.params[i].grad();
+        torch::Tensor& mg = g.masters[i].mutable_grad();
+        if (!pg.defined()) continue;
+        if (!mg.defined()) mg = torch::empty_like(g.masters[i]);
+        mg.copy_(pg).div_(scale_);
+      }
+    }
+  }
+  for (auto& p : model_params_) p.mutable_grad() = torch::Tensor();
+  if (options_.clip() > 0)
+    learn.step_info().grad_norm = torch::nn::utils::clip_grad_norm_(masters_, options_.clip());
+  stepped_ = true;
+}
+
+void MasterWeights::after_step(Learner&) {
+  if (!stepped_) return;  // after a cancelled step nothing moved
+  stepped_ = false;
+  copy_masters_to_model();
+  if (!options_.dynamic()) return;
+  if (++noskip_ >= options_.max_noskip() && scale_ < options_.max_scale()) {
+    scale_ = std::min(scale_ * 2, options_.max_scale());
+    noskip_ = 0;
+  }
+}
+
+void MasterWeights::copy_masters_to_model() {
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_)
+    for (size_t i = 0; i < g.params.size(); ++i) g.params[i].copy_(g.masters[i]);
+}
+
+void MasterWeights::restore_fp32(Learner& learn) {
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& g : groups_)
+      for (size_t i = 0; i < g.params.size(); ++i) g.params[i].set_data(g.masters[i].detach().clone());
+  }
+  convert_model(learn.model().module(), torch::kFloat);
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& g : groups_) groups.push_back(g.params);
+  learn.set_opt(rebuilt_optimizer(learn, groups));
+}
+
+} // namespace mixtrain::amp
+
+namespace mixtrain {
+
+Learner& Learner::to_half(amp::MasterWeightsOptions options) {
+  to_fp32();
+  add_cb(std::make_shared<amp::MasterWeights>(*this, options));
+  return *this;
+}
+
+} // namespace mixtrain
