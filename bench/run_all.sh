@@ -7,3 +7,5 @@ echo "== train_bench: 1 epoch, mixtrain vs Python loop vs raw libtorch loop"
 bash bench/train_bench.sh "$build" 5
 echo "== amp_bench: fused unscale bandwidth, GradScaler overhead per CNN step"
 "$build/bench/amp_bench"
+echo "== master_weights_bench: master copy overhead with and without flat_master"
+"$build/bench/master_weights_bench"
