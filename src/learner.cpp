@@ -122,6 +122,18 @@ void Learner::fit(int64_t n_epoch, double lr, std::vector<CallbackPtr> cbs) {
   set_lr(opt(), lr);
   n_epoch_ = n_epoch;
   train_iter_ = 0;
+  start_epoch_ = 0;
+  if (pending_resume_) {
+    const ResumePoint r = *pending_resume_;
+    pending_resume_.reset();
+    TORCH_CHECK(r.n_epoch == n_epoch, "The checkpoint was taken in a fit of ", r.n_epoch,
+                " epochs; resume it with the same number of epochs (got ", n_epoch, ")");
+    train_iter_ = r.train_iter;
+    start_epoch_ = r.epoch;
+    resume_batch_ = r.batch;
+    resume_loader_state_ = r.loader_state;
+    resuming_ = true;
+  }
   with_events<CancelFitException>([&] { do_fit(); }, Event::before_fit, Event::after_cancel_fit, Event::after_fit);
 }
 
@@ -132,7 +144,7 @@ void Learner::fit_one_cycle(int64_t n_epoch, double lr_max, OneCycleOptions opti
 }
 
 void Learner::do_fit() {
-  for (epoch_ = 0; epoch_ < n_epoch_; ++epoch_)
+  for (epoch_ = start_epoch_; epoch_ < n_epoch_; ++epoch_)
     with_events<CancelEpochException>([&] { do_epoch(); }, Event::before_epoch, Event::after_cancel_epoch,
                                       Event::after_epoch);
 }
@@ -142,7 +154,10 @@ void Learner::do_epoch() {
   model_.module().train();
   with_events<CancelTrainException>([&] { all_batches(dls_.train); }, Event::before_train, Event::after_cancel_train,
                                     Event::after_train);
+  resuming_ = false;
   do_validate_epoch();
+  next_epoch_ = epoch_ + 1;
+  next_batch_ = 0;
 }
 
 void Learner::do_validate_epoch() {
@@ -155,8 +170,18 @@ void Learner::do_validate_epoch() {
 
 void Learner::all_batches(data::DataLoader& dl) {
   n_iter_ = dl.num_batches();
+  int64_t first = 0;
+  if (training_) {
+    if (resuming_) {
+      // Same permutation as the interrupted epoch; skip the batches it finished.
+      dl.generator().set_state(resume_loader_state_);
+      first = resume_batch_;
+    }
+    epoch_loader_state_ = dl.generator().get_state();
+  }
   int64_t i = 0;
-  for (auto it = dl.begin(), end = dl.end(); it != end; ++it) one_batch(i++, *it);
+  for (auto it = dl.begin(), end = dl.end(); it != end; ++it, ++i)
+    if (i >= first) one_batch(i, *it);
 }
 
 void Learner::one_batch(int64_t i, const data::Batch& b) {
@@ -164,9 +189,20 @@ void Learner::one_batch(int64_t i, const data::Batch& b) {
   step_info_ = StepInfo();
   const bool on_cpu = options_.device().is_cpu();
   batch_ = on_cpu ? b : data::Batch{b.x.to(options_.device()), b.y.to(options_.device())};
-  with_events<CancelBatchException>([&] { do_one_batch(); }, Event::before_batch, Event::after_cancel_batch,
-                                    Event::after_batch);
-  if (training_) ++train_iter_;
+  try {
+    run(Event::before_batch);
+    do_one_batch();
+  } catch (const CancelBatchException&) {
+    run(Event::after_cancel_batch);
+  }
+  // Counted before after_batch (as fastai's TrainEvalCallback), so a checkpoint
+  // taken in after_batch resumes after this batch.
+  if (training_) {
+    ++train_iter_;
+    next_epoch_ = epoch_;
+    next_batch_ = i + 1;
+  }
+  run(Event::after_batch);
 }
 
 void Learner::do_one_batch() {

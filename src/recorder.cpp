@@ -2,6 +2,8 @@
 
 #include "mixtrain/learner.h"
 
+#include "archive_util.h"
+
 #include <chrono>
 #include <cmath>
 
@@ -36,14 +38,16 @@ void Recorder::clear() {
   last_validation_.clear();
 }
 
-void Recorder::before_fit(Learner&) {
+void Recorder::before_fit(Learner& learn) {
+  if (learn.resuming()) return;  // the checkpoint restored the smoothed loss
   // fastai restarts the smoothed loss every fit.
   smooth_value_ = 0;
   smooth_count_ = 0;
 }
 
-void Recorder::before_epoch(Learner&) {
+void Recorder::before_epoch(Learner& learn) {
   epoch_start_ = now_seconds();
+  if (learn.resuming()) return;  // continuing an epoch: keep its counts from the checkpoint
   epoch_steps_ = epoch_skipped_ = epoch_samples_ = 0;
   train_seconds_ = 0;
 }
@@ -107,6 +111,88 @@ void Recorder::after_epoch(Learner& learn) {
   for (auto it = steps_.end() - epoch_steps_; it != steps_.end(); ++it) epoch_skipped_ += it->skipped;
   e.skipped = epoch_skipped_;
   epochs_.push_back(std::move(e));
+}
+
+void Recorder::save_state(torch::serialize::OutputArchive& ar) const {
+  std::vector<double> cols[8];
+  for (const auto& s : steps_) {
+    const double row[8] = {double(s.iter), double(s.epoch), s.loss, s.smooth_loss, s.lr, s.scale, double(s.skipped), s.grad_norm};
+    for (int c = 0; c < 8; ++c) cols[c].push_back(row[c]);
+  }
+  for (int c = 0; c < 8; ++c) detail::write_f64s(ar, "steps." + std::to_string(c), cols[c]);
+  std::vector<double> ecols[7], metrics;
+  for (const auto& e : epochs_) {
+    const double row[7] = {double(e.epoch), e.train_loss, e.valid_loss, e.seconds, e.train_seconds, double(e.samples),
+                           double(e.steps)};
+    for (int c = 0; c < 7; ++c) ecols[c].push_back(row[c]);
+    metrics.insert(metrics.end(), e.metrics.begin(), e.metrics.end());
+  }
+  for (int c = 0; c < 7; ++c) detail::write_f64s(ar, "epochs." + std::to_string(c), ecols[c]);
+  std::vector<double> skipped;
+  for (const auto& e : epochs_) skipped.push_back(double(e.skipped));
+  detail::write_f64s(ar, "epochs.skipped", skipped);
+  detail::write_f64s(ar, "epochs.metrics", metrics);
+  detail::write_i64(ar, "num_metrics", static_cast<int64_t>(metrics_.size()));
+  detail::write_f64s(ar, "last_validation", last_validation_);
+  detail::write_f64(ar, "smooth_value", smooth_value_);
+  detail::write_i64(ar, "smooth_count", smooth_count_);
+  detail::write_i64(ar, "epoch_steps", epoch_steps_);
+  detail::write_i64(ar, "epoch_samples", epoch_samples_);
+}
+
+void Recorder::load_state(torch::serialize::InputArchive& ar) {
+  const int64_t k = detail::read_i64(ar, "num_metrics");
+  TORCH_CHECK(k == static_cast<int64_t>(metrics_.size()), "saved with ", k, " metrics, this learner has ",
+              metrics_.size());
+  std::vector<double> cols[8];
+  for (int c = 0; c < 8; ++c) cols[c] = detail::read_f64s(ar, "steps." + std::to_string(c));
+  std::vector<double> ecols[7];
+  for (int c = 0; c < 7; ++c) ecols[c] = detail::read_f64s(ar, "epochs." + std::to_string(c));
+  const auto skipped = detail::read_f64s(ar, "epochs.skipped");
+  const auto metrics = detail::read_f64s(ar, "epochs.metrics");
+  for (int c = 1; c < 8; ++c) TORCH_CHECK(cols[c].size() == cols[0].size(), "step history is inconsistent");
+  for (int c = 1; c < 7; ++c) TORCH_CHECK(ecols[c].size() == ecols[0].size(), "epoch history is inconsistent");
+  TORCH_CHECK(skipped.size() == ecols[0].size() && metrics.size() == ecols[0].size() * static_cast<size_t>(k),
+              "epoch history is inconsistent");
+  std::vector<StepRecord> steps;
+  for (size_t i = 0; i < cols[0].size(); ++i) {
+    StepRecord s;
+    s.iter = static_cast<int64_t>(cols[0][i]);
+    s.epoch = static_cast<int64_t>(cols[1][i]);
+    s.loss = cols[2][i];
+    s.smooth_loss = cols[3][i];
+    s.lr = cols[4][i];
+    s.scale = cols[5][i];
+    s.skipped = cols[6][i] != 0;
+    s.grad_norm = cols[7][i];
+    steps.push_back(s);
+  }
+  std::vector<EpochRecord> epochs;
+  for (size_t i = 0; i < ecols[0].size(); ++i) {
+    EpochRecord e;
+    e.epoch = static_cast<int64_t>(ecols[0][i]);
+    e.train_loss = ecols[1][i];
+    e.valid_loss = ecols[2][i];
+    e.seconds = ecols[3][i];
+    e.train_seconds = ecols[4][i];
+    e.samples = static_cast<int64_t>(ecols[5][i]);
+    e.steps = static_cast<int64_t>(ecols[6][i]);
+    e.skipped = static_cast<int64_t>(skipped[i]);
+    e.metrics.assign(metrics.begin() + i * k, metrics.begin() + (i + 1) * k);
+    epochs.push_back(std::move(e));
+  }
+  const auto last_validation = detail::read_f64s(ar, "last_validation");
+  const double smooth_value = detail::read_f64(ar, "smooth_value");
+  const int64_t smooth_count = detail::read_i64(ar, "smooth_count");
+  const int64_t epoch_steps = detail::read_i64(ar, "epoch_steps");
+  const int64_t epoch_samples = detail::read_i64(ar, "epoch_samples");
+  steps_ = std::move(steps);
+  epochs_ = std::move(epochs);
+  last_validation_ = last_validation;
+  smooth_value_ = smooth_value;
+  smooth_count_ = smooth_count;
+  epoch_steps_ = epoch_steps;
+  epoch_samples_ = epoch_samples;
 }
 
 } // namespace mixtrain

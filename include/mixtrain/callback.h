@@ -23,6 +23,11 @@
 #include <memory>
 #include <string>
 
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+} // namespace torch::serialize
+
 namespace mixtrain {
 
 class Learner;
@@ -76,7 +81,7 @@ struct CancelFitException : CancelException {
 /// Example:
 ///   struct StopAfter : mixtrain::Callback {
 ///     int64_t n; explicit StopAfter(int64_t n) : n(n) {}
-///     void after_batch(Learner& l) override { if (l.train_iter() + 1 >= n) throw CancelFitException(); }
+///     void after_batch(Learner& l) override { if (l.train_iter() >= n) throw CancelFitException(); }
 ///   };
 class Callback {
  public:
@@ -87,6 +92,15 @@ class Callback {
 
   /// A name for listings and errors.
   virtual std::string name() const { return "Callback"; }
+
+  /// Key under which Learner::save stores this callback's state; empty for
+  /// stateless callbacks (the default). A checkpoint holding a key that the
+  /// loading Learner has no callback for, or the reverse, is a mismatch.
+  virtual std::string state_key() const { return ""; }
+  /// Writes what an exact resume needs (called by Learner::save).
+  virtual void save_state(torch::serialize::OutputArchive&) const {}
+  /// Restores it (called by Learner::load).
+  virtual void load_state(torch::serialize::InputArchive&) {}
 
   /// Routes an event to its hook. Override to observe every event at once.
   virtual void handle(Event event, Learner& learn);

@@ -122,6 +122,23 @@ class Learner {
   /// The attached MixedPrecision callback (scaler, scale history), or nullptr.
   std::shared_ptr<amp::MixedPrecision> mixed_precision() const;
 
+  /// Writes everything an exact resume needs to `path`: model, optimizer state,
+  /// every stateful callback (Recorder history, GradScaler, fp32 masters, scale
+  /// history), epoch / batch / iteration (hence the schedule position), and the
+  /// RNG states (torch's global generator and the training loader's). Call it
+  /// between batches, e.g. from after_batch or after_epoch. The write is atomic:
+  /// a temporary file in the same directory, fsync, rename; a crash mid-save
+  /// leaves the previous file intact.
+  void save(const std::string& path);
+  /// Restores a checkpoint written by save(). The next fit, called with the same
+  /// number of epochs, continues exactly where the saved one stopped. Throws
+  /// c10::Error naming the problem for a missing, truncated or corrupt file, or
+  /// one from another model or precision mode; the Learner is unchanged then.
+  void load(const std::string& path);
+  /// True while a fit continues from a loaded checkpoint (until the training
+  /// phase of the epoch it resumed in ends).
+  bool resuming() const { return resuming_; }
+
   /// Attaches a callback (kept sorted by `order`, stable). Returns *this for chaining.
   Learner& add_cb(CallbackPtr cb);
   /// Detaches a callback; no-op when it is not attached.
@@ -167,7 +184,7 @@ class Learner {
   int64_t iter() const { return iter_; }
   /// Batches in the current pass.
   int64_t n_iter() const { return n_iter_; }
-  /// Training batches done in this fit.
+  /// Training batches done in this fit; in after_batch it counts the current one.
   int64_t train_iter() const { return train_iter_; }
   /// Training progress in [0, 1): train_iter / (n_epoch * batches per epoch).
   double pct_train() const;
@@ -190,6 +207,18 @@ class Learner {
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::shared_ptr<Recorder> recorder_;
   std::vector<CallbackPtr> cbs_;
+
+  /// Where a resumed fit continues: epoch, next training batch, iteration count.
+  struct ResumePoint {
+    int64_t epoch = 0, batch = 0, train_iter = 0, n_epoch = 0;
+    torch::Tensor loader_state;  // training loader's generator at the start of `epoch`
+  };
+  std::unique_ptr<ResumePoint> pending_resume_;  // set by load(), used by the next fit
+  bool resuming_ = false;
+  int64_t start_epoch_ = 0, resume_batch_ = 0;
+  torch::Tensor resume_loader_state_;
+  int64_t next_epoch_ = 0, next_batch_ = 0;  // where training would continue now
+  torch::Tensor epoch_loader_state_;         // training loader's generator when this epoch began
 
   data::Batch batch_;
   torch::Tensor pred_, loss_, loss_grad_;

@@ -60,6 +60,10 @@ class Recorder : public Callback {
   /// Forgets all history.
   void clear();
 
+  std::string state_key() const override { return "recorder"; }
+  void save_state(torch::serialize::OutputArchive& ar) const override;
+  void load_state(torch::serialize::InputArchive& ar) override;
+
   void before_fit(Learner&) override;
   void before_epoch(Learner&) override;
   void before_train(Learner&) override;

@@ -1,5 +1,6 @@
 #include "mixtrain/amp/master_weights.h"
 
+#include "../archive_util.h"
 #include "dispatch_mode.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/unscale.h"
@@ -218,6 +219,35 @@ void MasterWeights::copy_masters_to_model() {
   torch::NoGradGuard no_grad;
   for (auto& g : groups_)
     for (size_t i = 0; i < g.params.size(); ++i) g.params[i].copy_(g.masters[i]);
+}
+
+void MasterWeights::save_state(torch::serialize::OutputArchive& ar) const {
+  mixtrain::detail::write_f64(ar, "scale", scale_);
+  mixtrain::detail::write_i64(ar, "noskip", noskip_);
+  mixtrain::detail::write_i64(ar, "num_masters", static_cast<int64_t>(masters_.size()));
+  for (size_t i = 0; i < masters_.size(); ++i) ar.write("master." + std::to_string(i), masters_[i].detach());
+  mixtrain::detail::write_history(ar, history_);
+}
+
+void MasterWeights::load_state(torch::serialize::InputArchive& ar) {
+  const int64_t n = mixtrain::detail::read_i64(ar, "num_masters");
+  TORCH_CHECK(n == static_cast<int64_t>(masters_.size()), "saved ", n, " master tensors, this learner has ",
+              masters_.size(), " (flat_master differs?)");
+  std::vector<torch::Tensor> loaded;
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    torch::Tensor t = mixtrain::detail::read_tensor(ar, "master." + std::to_string(i));
+    TORCH_CHECK(t.sizes() == masters_[i].sizes() && t.scalar_type() == torch::kFloat, "master ", i,
+                " does not match (shape ", t.sizes(), " vs ", masters_[i].sizes(), ")");
+    loaded.push_back(t);
+  }
+  const double scale = mixtrain::detail::read_f64(ar, "scale");
+  const int64_t noskip = mixtrain::detail::read_i64(ar, "noskip");
+  ScaleHistory history = mixtrain::detail::read_history(ar);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < masters_.size(); ++i) masters_[i].copy_(loaded[i]);
+  scale_ = scale;
+  noskip_ = noskip;
+  history_ = std::move(history);
 }
 
 void MasterWeights::restore_fp32(Learner& learn) {

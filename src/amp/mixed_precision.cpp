@@ -3,6 +3,8 @@
 #include "mixtrain/amp/master_weights.h"
 #include "mixtrain/learner.h"
 
+#include "../archive_util.h"
+
 #include <algorithm>
 #include <iostream>
 #include <stdexcept>
@@ -98,6 +100,23 @@ void MixedPrecision::after_step(Learner&) {
 
 void MixedPrecision::after_batch(Learner&) { end_forward_region(); }
 void MixedPrecision::after_cancel_batch(Learner&) { end_forward_region(); }
+
+void MixedPrecision::save_state(torch::serialize::OutputArchive& ar) const {
+  for (const auto& kv : scaler_.state_dict()) mixtrain::detail::write_f64(ar, "scaler." + kv.first, kv.second);
+  mixtrain::detail::write_history(ar, history_);
+}
+
+void MixedPrecision::load_state(torch::serialize::InputArchive& ar) {
+  ScaleHistory history = mixtrain::detail::read_history(ar);
+  if (scaler_.is_enabled()) {
+    std::map<std::string, double> state;
+    for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker",
+                            "_hysteresis_tracker"})
+      state[key] = mixtrain::detail::read_f64(ar, std::string("scaler.") + key);
+    scaler_.load_state_dict(state);
+  }
+  history_ = std::move(history);
+}
 
 void MixedPrecision::after_fit(Learner&) {
   end_forward_region();

@@ -85,6 +85,12 @@ class MasterWeights : public Callback {
   /// and rebuilds the optimizer over the model (Learner::to_fp32 calls this).
   void restore_fp32(Learner& learn);
 
+  /// Checkpoints carry the fp32 masters (so save/load loses no precision), the
+  /// scale, the clean-step counter and the history.
+  std::string state_key() const override { return "master_weights"; }
+  void save_state(torch::serialize::OutputArchive& ar) const override;
+  void load_state(torch::serialize::InputArchive& ar) override;
+
   void before_fit(Learner& learn) override;
   void before_batch(Learner& learn) override;
   void after_pred(Learner& learn) override;

@@ -51,6 +51,11 @@ class MixedPrecision : public Callback {
   /// Steps skipped so far.
   int64_t skipped_steps() const { return history_.skipped_steps(); }
 
+  /// Checkpoints carry the scaler's state and the scale history.
+  std::string state_key() const override { return "mixed_precision"; }
+  void save_state(torch::serialize::OutputArchive& ar) const override;
+  void load_state(torch::serialize::InputArchive& ar) override;
+
   void before_fit(Learner& learn) override;
   void before_batch(Learner& learn) override;
   void after_pred(Learner& learn) override;

@@ -1,0 +1,220 @@
+// Learner::save / Learner::load: checkpoints for exact resume, written atomically.
+#include "mixtrain/learner.h"
+
+#include "archive_util.h"
+#include "mixtrain/amp/master_weights.h"
+#include "mixtrain/amp/mixed_precision.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace mixtrain {
+
+namespace {
+
+constexpr int64_t kFormatVersion = 1;
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+/// Writes `bytes` to `path` so that `path` always holds either the old or the
+/// new complete file: temp file in the same directory, fsync, rename, fsync dir.
+void write_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  TORCH_CHECK(fd >= 0, "Cannot write checkpoint ", path, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      TORCH_CHECK(false, "Writing checkpoint ", path, " failed: ", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const int sync_err = errno;
+  ::close(fd);
+  if (!synced) {
+    ::unlink(tmp.c_str());
+    TORCH_CHECK(false, "fsync of checkpoint ", path, " failed: ", std::strerror(sync_err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    TORCH_CHECK(false, "Cannot move checkpoint into place at ", path, ": ", std::strerror(err));
+  }
+  // The rename itself is durable once the directory is synced.
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::string precision_tag(const Learner& learn) {
+  if (auto mp = learn.get_cb<amp::MixedPrecision>()) return std::string("mixed_precision:") + c10::toString(mp->dtype());
+  if (auto mw = learn.get_cb<amp::MasterWeights>()) return std::string("master_weights:") + c10::toString(mw->options().dtype());
+  return "fp32";
+}
+
+std::string joined_state_keys(const std::vector<CallbackPtr>& cbs) {
+  std::string keys;
+  for (const auto& cb : cbs)
+    if (!cb->state_key().empty()) keys += (keys.empty() ? "" : ",") + cb->state_key();
+  return keys;
+}
+
+} // namespace
+
+void Learner::save(const std::string& path) {
+  torch::serialize::OutputArchive ar;
+  detail::write_i64(ar, "mixtrain.format", kFormatVersion);
+  ar.write("mixtrain.precision", c10::IValue(precision_tag(*this)));
+  ar.write("mixtrain.callbacks", c10::IValue(joined_state_keys(cbs_)));
+
+  torch::NoGradGuard no_grad;
+  const auto params = model_.module().named_parameters(/*recurse=*/true);
+  const auto buffers = model_.module().named_buffers(/*recurse=*/true);
+  detail::write_i64(ar, "model.num_params", static_cast<int64_t>(params.size()));
+  detail::write_i64(ar, "model.num_buffers", static_cast<int64_t>(buffers.size()));
+  for (const auto& kv : params) ar.write("model.param." + kv.key(), kv.value().detach());
+  for (const auto& kv : buffers) ar.write("model.buffer." + kv.key(), kv.value().detach(), /*is_buffer=*/true);
+
+  torch::serialize::OutputArchive opt_ar;
+  opt().save(opt_ar);
+  ar.write("optimizer", opt_ar);
+  for (const auto& cb : cbs_) {
+    if (cb->state_key().empty()) continue;
+    torch::serialize::OutputArchive sub;
+    cb->save_state(sub);
+    ar.write("callback." + cb->state_key(), sub);
+  }
+
+  // Where to continue. Mid-epoch, the loader must replay this epoch's permutation.
+  detail::write_i64(ar, "learner.epoch", next_epoch_);
+  detail::write_i64(ar, "learner.batch", next_batch_);
+  detail::write_i64(ar, "learner.train_iter", train_iter_);
+  detail::write_i64(ar, "learner.n_epoch", n_epoch_);
+  const bool mid_epoch = next_batch_ > 0 && epoch_loader_state_.defined();
+  ar.write("learner.loader_rng", mid_epoch ? epoch_loader_state_ : dls_.train.generator().get_state());
+  ar.write("learner.global_rng", at::detail::getDefaultCPUGenerator().get_state());
+
+  std::ostringstream bytes;
+  ar.save_to(bytes);
+  write_atomically(path, bytes.str());
+}
+
+void Learner::load(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  TORCH_CHECK(file, "Cannot open checkpoint ", path, ": ", std::strerror(errno));
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(!bytes.empty(), "Checkpoint ", path, " is empty");
+
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(bytes.data(), bytes.size());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what_without_backtrace()), ")");
+  }
+  // Reading an entry can fail too when the archive's body is damaged.
+  auto guarded = [&](const std::string& what, const auto& fn) {
+    try {
+      return fn();
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "Checkpoint ", path, ": ", what, ": ", first_line(e.what_without_backtrace()));
+    }
+  };
+
+  // 1. Validate everything before changing anything.
+  guarded("format", [&] {
+    const int64_t version = detail::read_i64(ar, "mixtrain.format");
+    TORCH_CHECK(version == kFormatVersion, "unsupported format version ", version);
+    return 0;
+  });
+  guarded("precision mode", [&] {
+    c10::IValue tag;
+    TORCH_CHECK(ar.try_read("mixtrain.precision", tag) && tag.isString(), "no precision entry");
+    TORCH_CHECK(tag.toStringRef() == precision_tag(*this), "saved in precision mode '", tag.toStringRef(),
+                "' but this learner uses '", precision_tag(*this), "'");
+    c10::IValue keys;
+    TORCH_CHECK(ar.try_read("mixtrain.callbacks", keys) && keys.isString(), "no callback list");
+    TORCH_CHECK(keys.toStringRef() == joined_state_keys(cbs_), "saved with stateful callbacks [", keys.toStringRef(),
+                "] but this learner has [", joined_state_keys(cbs_), "]");
+    return 0;
+  });
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> model_copies;  // (destination, loaded)
+  guarded("model", [&] {
+    const auto params = model_.module().named_parameters(/*recurse=*/true);
+    const auto buffers = model_.module().named_buffers(/*recurse=*/true);
+    TORCH_CHECK(detail::read_i64(ar, "model.num_params") == static_cast<int64_t>(params.size()) &&
+                    detail::read_i64(ar, "model.num_buffers") == static_cast<int64_t>(buffers.size()),
+                "the model does not match (saved ", detail::read_i64(ar, "model.num_params"), " parameters, this model has ",
+                params.size(), ")");
+    auto check = [&](const std::string& key, const std::string& name, const torch::Tensor& dest) {
+      torch::Tensor t;
+      TORCH_CHECK(ar.try_read(key, t), "the model does not match: no saved tensor for '", name, "'");
+      TORCH_CHECK(t.sizes() == dest.sizes(), "the model does not match: '", name, "' has shape ", t.sizes(),
+                  " in the checkpoint but ", dest.sizes(), " in this model");
+      TORCH_CHECK(t.scalar_type() == dest.scalar_type(), "the model does not match: '", name, "' is ",
+                  t.scalar_type(), " in the checkpoint but ", dest.scalar_type(), " in this model");
+      model_copies.emplace_back(dest, t);
+    };
+    for (const auto& kv : params) check("model.param." + kv.key(), kv.key(), kv.value());
+    for (const auto& kv : buffers) check("model.buffer." + kv.key(), kv.key(), kv.value());
+    return 0;
+  });
+  auto resume = std::make_unique<ResumePoint>();
+  torch::Tensor global_rng;
+  guarded("training position", [&] {
+    resume->epoch = detail::read_i64(ar, "learner.epoch");
+    resume->batch = detail::read_i64(ar, "learner.batch");
+    resume->train_iter = detail::read_i64(ar, "learner.train_iter");
+    resume->n_epoch = detail::read_i64(ar, "learner.n_epoch");
+    resume->loader_state = detail::read_tensor(ar, "learner.loader_rng");
+    global_rng = detail::read_tensor(ar, "learner.global_rng");
+    TORCH_CHECK(resume->epoch >= 0 && resume->batch >= 0 && resume->train_iter >= 0 && resume->n_epoch >= 0,
+                "negative position");
+    return 0;
+  });
+
+  // 2. Apply. The optimizer and the callbacks validate their own entries as they load.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [dest, loaded] : model_copies) dest.copy_(loaded);
+  }
+  guarded("optimizer state", [&] {
+    torch::serialize::InputArchive opt_ar;
+    ar.read("optimizer", opt_ar);
+    opt().load(opt_ar);
+    return 0;
+  });
+  for (const auto& cb : cbs_) {
+    if (cb->state_key().empty()) continue;
+    guarded(cb->state_key() + " state", [&] {
+      torch::serialize::InputArchive sub;
+      ar.read("callback." + cb->state_key(), sub);
+      cb->load_state(sub);
+      return 0;
+    });
+  }
+  at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle sharing the global state
+  global.set_state(global_rng);
+  next_epoch_ = resume->epoch;
+  next_batch_ = resume->batch;
+  epoch_loader_state_ = resume->loader_state;
+  pending_resume_ = std::move(resume);
+}
+
+} // namespace mixtrain
