@@ -2,13 +2,12 @@
 #include "mixtrain/learner.h"
 
 #include "archive_util.h"
+#include "mixtrain/atomic_file.h"
 #include "mixtrain/amp/master_weights.h"
 #include "mixtrain/amp/mixed_precision.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <fcntl.h>
 #include <torch/serialize.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -23,45 +22,6 @@ namespace {
 constexpr int64_t kFormatVersion = 1;
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-/// Writes `bytes` to `path` so that `path` always holds either the old or the
-/// new complete file: temp file in the same directory, fsync, rename, fsync dir.
-void write_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  TORCH_CHECK(fd >= 0, "Cannot write checkpoint ", path, ": ", std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      TORCH_CHECK(false, "Writing checkpoint ", path, " failed: ", std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const int sync_err = errno;
-  ::close(fd);
-  if (!synced) {
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "fsync of checkpoint ", path, " failed: ", std::strerror(sync_err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "Cannot move checkpoint into place at ", path, ": ", std::strerror(err));
-  }
-  // The rename itself is durable once the directory is synced.
-  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
 
 std::string precision_tag(const Learner& learn) {
   if (auto mp = learn.get_cb<amp::MixedPrecision>()) return std::string("mixed_precision:") + c10::toString(mp->dtype());
@@ -113,7 +73,7 @@ void Learner::save(const std::string& path) {
 
   std::ostringstream bytes;
   ar.save_to(bytes);
-  write_atomically(path, bytes.str());
+  write_file_atomically(path, bytes.str());
 }
 
 void Learner::load(const std::string& path) {

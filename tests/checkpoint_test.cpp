@@ -167,7 +167,7 @@ TEST_F(CheckpointTest, SaveReplacesAtomicallyAndAnInterruptedSaveLeavesThePrevio
   learn.save(dir + "/ckpt.pt");
   EXPECT_NE(test::read_raw(dir + "/ckpt.pt"), first);
   EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt.pt.tmp." + std::to_string(::getpid())));
-  EXPECT_THROW_WITH(learn.save(dir + "/no/such/dir/ckpt.pt"), "Cannot write checkpoint");
+  EXPECT_THROW_WITH(learn.save(dir + "/no/such/dir/ckpt.pt"), "Cannot write " + dir + "/no/such/dir/ckpt.pt");
 }
 
 } // namespace

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <map>
+#include <random>
 
 namespace {
 
@@ -146,6 +148,65 @@ TEST(CliTest, Bf16MasterRunReportsParameterMemory) {
   EXPECT_NE(summary.find("\"param_bytes_model\": 41268"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"param_bytes_master\": 82152"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"final_scale\": 1024"), std::string::npos) << summary;
+}
+
+/// Model tensors of a checkpoint file, by key.
+std::map<std::string, torch::Tensor> model_tensors(const std::string& path) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& key : ar.keys()) {
+    if (key.rfind("model.param.", 0) != 0 && key.rfind("model.buffer.", 0) != 0) continue;
+    torch::Tensor t;
+    ar.read(key, t);
+    out[key] = t;
+  }
+  return out;
+}
+
+TEST(CliTest, InterruptAtARandomBatchThenResumeIsBitwiseEqual) {
+  const std::string dir = test::fake_fashion_dir("cli_resume", 256, 64);
+  std::mt19937 rng(1234);  // a random batch, the same one every run of the test
+  for (const std::string precision : {"fp32", "fp16 --init-scale 16777216", "bf16-master"}) {
+    SCOPED_TRACE(precision);
+    const int64_t stop_at = std::uniform_int_distribution<int64_t>(1, 30)(rng);  // 2 epochs of 16 steps
+    const std::string flags = " --data " + dir + " --bs 16 --epochs 2 --threads 1 --save-every 1 --precision " + precision;
+    const std::string full = test::scratch_dir("cli_resume_full"), cut = test::scratch_dir("cli_resume_cut");
+    ASSERT_EQ(run_cli("train" + flags + " --out " + full).code, 0);
+
+    const CliResult interrupted = run_cli("train" + flags + " --out " + cut + " --interrupt-at-step " + std::to_string(stop_at));
+    EXPECT_EQ(interrupted.code, 130) << interrupted.err;
+    EXPECT_NE(interrupted.err.find("resume with: mixtrain train --resume " + cut), std::string::npos) << interrupted.err;
+    EXPECT_TRUE(std::filesystem::exists(cut + "/checkpoint-" + std::to_string(stop_at) + ".pt"));
+
+    const CliResult resumed = run_cli("train --resume " + cut);
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    const auto a = model_tensors(full + "/checkpoint-32.pt"), b = model_tensors(cut + "/checkpoint-32.pt");
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    for (const auto& kv : a) EXPECT_TRUE(torch::equal(kv.second, b.at(kv.first))) << kv.first;
+    // The resumed run's logs hold the whole history.
+    const std::string steps = slurp(cut + "/steps.csv");
+    EXPECT_EQ(std::count(steps.begin(), steps.end(), '\n'), 1 + 32);
+  }
+}
+
+TEST(CliTest, CheckpointDirectoriesAreProtectedAndKeepPrunes) {
+  const std::string dir = test::fake_fashion_dir("cli_protect", 64, 32);
+  const std::string out = test::scratch_dir("cli_protect_out");
+  const std::string flags = " --data " + dir + " --bs 16 --epochs 3 --threads 1 --model mlp --save-every 1 --keep 2 --out " + out;
+  ASSERT_EQ(run_cli("train" + flags).code, 0);
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-4.pt"));  // pruned: only the newest 2 kept
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-8.pt"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-12.pt"));
+  expect_usage_error("train" + flags, "already holds checkpoints; continue it with --resume");
+  EXPECT_EQ(run_cli("train" + flags + " --force").code, 0);
+  expect_usage_error("train --resume " + test::scratch_dir("cli_protect_empty"), "args.json not found");
+  expect_usage_error("train --resume " + out + " --lr 1", "do not pass --lr");
+  // A damaged checkpoint: one line, exit 2, no crash.
+  test::write_raw(out + "/checkpoint-12.pt", {1, 2, 3});
+  expect_usage_error("train --resume " + out, "is corrupt or truncated");
+  expect_usage_error("train --data " + dir + " --out " + test::scratch_dir("cli_protect_x") + " --save-every -1", "invalid --save-every");
 }
 
 } // namespace

@@ -25,24 +25,38 @@ void CSVLogger::before_fit(Learner& learn) {
   for (const auto& n : learn.recorder().metric_names()) metrics_ << ',' << n;
   metrics_ << ",seconds\n";
   steps_ << "iter,epoch,loss,smooth_loss,lr,scale,skipped\n";
-  steps_written_ = learn.recorder().steps().size();
+  // History the Recorder already holds (a resumed run's) is written first, so
+  // the files always match the Recorder.
+  for (const auto& e : learn.recorder().values()) write_epoch(e);
+  write_new_steps(learn.recorder());
+  flush();
 }
 
-void CSVLogger::after_epoch(Learner& learn) {
-  const Recorder& rec = learn.recorder();
-  const EpochRecord& e = rec.values().back();
+void CSVLogger::write_epoch(const EpochRecord& e) {
   metrics_ << e.epoch << ',' << e.train_loss << ',' << e.valid_loss;
   for (double m : e.metrics) metrics_ << ',' << m;
   metrics_ << ',' << e.seconds << '\n';
+}
+
+void CSVLogger::write_new_steps(const Recorder& rec) {
   for (; steps_written_ < rec.steps().size(); ++steps_written_) {
     const StepRecord& s = rec.steps()[steps_written_];
     steps_ << s.iter << ',' << s.epoch << ',' << s.loss << ',' << s.smooth_loss << ',' << s.lr << ',';
     if (std::isfinite(s.scale)) steps_ << s.scale;  // empty when no loss scale was used
     steps_ << ',' << (s.skipped ? 1 : 0) << '\n';
   }
+}
+
+void CSVLogger::flush() {
   metrics_.flush();
   steps_.flush();
   TORCH_CHECK(metrics_.good() && steps_.good(), "Writing CSV logs in ", dir_, " failed (disk full?)");
+}
+
+void CSVLogger::after_epoch(Learner& learn) {
+  write_epoch(learn.recorder().values().back());
+  write_new_steps(learn.recorder());
+  flush();
 }
 
 } // namespace mixtrain::callbacks

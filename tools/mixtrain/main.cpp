@@ -3,7 +3,12 @@
 #include <mixtrain/mixtrain.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+
+#include <atomic>
+#include <csignal>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -21,6 +26,11 @@ namespace {
 
 constexpr int kExitError = 2;
 
+/// A user error: printed as one line, exit 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct TrainArgs {
   std::string data = mixtrain::data::kFashionMnistDir;
   std::string model = "cnn";
@@ -37,12 +47,97 @@ struct TrainArgs {
   int64_t accum = 1;  // batches per optimizer step
   bool no_emulation = false;  // fp16 on CPU: error instead of emulation
   mixtrain::amp::MasterWeightsOptions master;  // fp16-master / bf16-master only
+  int64_t save_every = 0;       // epochs between checkpoints (0: only on interrupt)
+  int64_t keep = 0;             // checkpoints kept (0: all)
+  std::string resume;           // run directory to continue
+  bool force = false;           // reuse an --out that holds checkpoints
+  int64_t interrupt_at_step = -1;  // testing: raise SIGINT after this training step
 };
 
-/// A user error: printed as one line, exit 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+// ---- Interrupts: the first SIGINT/SIGTERM asks for a checkpoint after the
+// current batch; a second one exits at once.
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void on_stop_signal(int) {
+  if (g_stop_requested.exchange(true)) ::_exit(130);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+/// Testing aid behind --interrupt-at-step: delivers a real SIGINT to this process
+/// after the given training step, so the interrupt path runs deterministically.
+struct RaiseSigintAt : mixtrain::Callback {
+  int64_t step;
+  explicit RaiseSigintAt(int64_t s) : step(s) { order = 85; }  // before the Checkpointer (90)
+  void after_batch(mixtrain::Learner& l) override {
+    if (l.training() && l.train_iter() == step) std::raise(SIGINT);
+  }
 };
+
+// ---- The run's own flags, kept in OUT/args.json so that --resume needs nothing else.
+nlohmann::json args_to_json(const TrainArgs& a) {
+  return {{"data", a.data}, {"model", a.model}, {"epochs", a.epochs}, {"lr", a.lr}, {"bs", a.bs}, {"seed", a.seed},
+          {"limit", a.limit}, {"threads", a.threads}, {"precision", a.precision},
+          {"init_scale", a.scaler.init_scale()}, {"growth_factor", a.scaler.growth_factor()},
+          {"backoff_factor", a.scaler.backoff_factor()}, {"growth_interval", a.scaler.growth_interval()},
+          {"clip", a.clip}, {"accum", a.accum}, {"no_emulation", a.no_emulation},
+          {"loss_scale", a.master.loss_scale()}, {"dynamic", a.master.dynamic()},
+          {"max_noskip", a.master.max_noskip()}, {"max_scale", a.master.max_scale()},
+          {"flat_master", a.master.flat_master()}, {"save_every", a.save_every}, {"keep", a.keep}};
+}
+
+TrainArgs args_from_run_dir(const std::string& dir) {
+  const std::string path = dir + "/args.json";
+  std::ifstream f(path);
+  if (!f) throw UsageError("cannot resume " + dir + ": " + path + " not found (is it a mixtrain run directory?)");
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    TrainArgs a;
+    a.data = j.at("data").get<std::string>();
+    a.model = j.at("model").get<std::string>();
+    a.epochs = j.at("epochs").get<int64_t>();
+    a.lr = j.at("lr").get<double>();
+    a.bs = j.at("bs").get<int64_t>();
+    a.seed = j.at("seed").get<uint64_t>();
+    a.limit = j.at("limit").get<int64_t>();
+    a.threads = j.at("threads").get<int>();
+    a.precision = j.at("precision").get<std::string>();
+    a.scaler.init_scale(j.at("init_scale").get<double>())
+        .growth_factor(j.at("growth_factor").get<double>())
+        .backoff_factor(j.at("backoff_factor").get<double>())
+        .growth_interval(j.at("growth_interval").get<int64_t>());
+    a.clip = j.at("clip").get<double>();
+    a.accum = j.at("accum").get<int64_t>();
+    a.no_emulation = j.at("no_emulation").get<bool>();
+    a.master.loss_scale(j.at("loss_scale").get<double>())
+        .dynamic(j.at("dynamic").get<bool>())
+        .max_noskip(j.at("max_noskip").get<int64_t>())
+        .max_scale(j.at("max_scale").get<double>())
+        .flat_master(j.at("flat_master").get<bool>());
+    a.save_every = j.at("save_every").get<int64_t>();
+    a.keep = j.at("keep").get<int64_t>();
+    a.out = dir;
+    a.resume = dir;
+    return a;
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("cannot resume " + dir + ": " + path + " is damaged (" + e.what() + ")");
+  }
+}
+
+bool holds_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "latest", ec)) return true;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename().string().rfind("checkpoint-", 0) == 0) return true;
+  return false;
+}
 
 std::string format_number(double v) {
   std::ostringstream s;
@@ -91,6 +186,12 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
                                   "fp16-master/bf16-master: the scale never grows past X (default 16777216)");
   cmd.add_flag_function("--flat-master", [&a](int64_t) { a.master.flat_master(true); },
                         "fp16-master/bf16-master: one contiguous fp32 master buffer per param group");
+  cmd.add_option("--save-every", a.save_every, "Save a checkpoint every N epochs and after the last (default 0: only on Ctrl-C)");
+  cmd.add_option("--keep", a.keep, "Keep only the newest K checkpoints (default 0: all)");
+  cmd.add_option("--resume", a.resume,
+                 "Continue the run in OUT_DIR from its latest checkpoint, with the run's own flags (OUT_DIR/args.json)");
+  cmd.add_flag("--force", a.force, "Start a new run in an --out directory that already holds checkpoints");
+  cmd.add_option("--interrupt-at-step", a.interrupt_at_step)->group("");  // testing aid, hidden from --help
   cmd.add_flag("--no-emulation", a.no_emulation,
                "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)");
   cmd.add_option("--clip", a.clip, "Clip the global gradient norm to X (after unscaling; default: off)");
@@ -121,6 +222,8 @@ void validate(const TrainArgs& a) {
                      "use --precision bf16-master, or the emulated --precision fp16");
   if (a.clip < 0 || !std::isfinite(a.clip)) throw UsageError("invalid --clip " + format_number(a.clip) + ": must be > 0");
   if (a.accum < 1) throw UsageError("invalid --accum " + std::to_string(a.accum) + ": must be >= 1");
+  if (a.save_every < 0) throw UsageError("invalid --save-every " + std::to_string(a.save_every) + ": must be >= 0");
+  if (a.keep < 0) throw UsageError("invalid --keep " + std::to_string(a.keep) + ": must be >= 0");
   // The scaler and the precision check throw c10::Error; main() reports those as
   // one-line flag errors like UsageError, before any work is done.
   mixtrain::amp::GradScaler check_scaler_options(a.scaler);
@@ -155,8 +258,18 @@ int run_train(TrainArgs a) {
   if (split.train.size() < a.bs)
     throw UsageError("the training set (" + std::to_string(split.train.size()) + " images) is smaller than --bs " +
                      std::to_string(a.bs));
-  if (a.out.empty()) a.out = "runs/" + timestamp();
-  prepare_out_dir(a.out);
+  std::string checkpoint;
+  if (!a.resume.empty()) {
+    checkpoint = mixtrain::callbacks::Checkpointer::latest(a.out);
+    if (checkpoint.empty()) throw UsageError("cannot resume " + a.out + ": it holds no checkpoint (no " + a.out + "/latest)");
+  } else {
+    if (a.out.empty()) a.out = "runs/" + timestamp();
+    if (holds_checkpoint(a.out) && !a.force)
+      throw UsageError("--out " + a.out + " already holds checkpoints; continue it with --resume " + a.out +
+                       ", or pass --force to start over there");
+    prepare_out_dir(a.out);
+    mixtrain::write_file_atomically(a.out + "/args.json", args_to_json(a).dump(2) + "\n");
+  }
 
   mixtrain::Learner learn(mixtrain::models::by_name(a.model),
                           mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed), mixtrain::cross_entropy(),
@@ -167,6 +280,14 @@ int run_train(TrainArgs a) {
 
   if (a.clip > 0) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
   if (a.accum > 1) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
+  auto checkpointer =
+      std::make_shared<mixtrain::callbacks::Checkpointer>(a.out, a.save_every, a.keep, &g_stop_requested);
+  learn.add_cb(checkpointer);
+  if (a.interrupt_at_step >= 0) learn.add_cb(std::make_shared<RaiseSigintAt>(a.interrupt_at_step));
+  if (!checkpoint.empty()) {
+    learn.load(checkpoint);
+    std::cout << "mixtrain train: resuming " << a.out << " from " << checkpoint << std::endl;
+  }
   learn.add_cb(std::make_shared<mixtrain::callbacks::CSVLogger>(a.out));
   auto summary = std::make_shared<mixtrain::callbacks::SummaryWriter>(
       a.out + "/summary.json",
@@ -192,7 +313,13 @@ int run_train(TrainArgs a) {
   std::cout << "mixtrain train: model " << a.model << ", " << split.train.size() << " train / "
             << split.valid.size() << " valid images, " << a.epochs << " epoch(s), lr " << a.lr << ", bs " << a.bs
             << ", precision " << a.precision << ", " << threads << " thread(s)" << std::endl;
+  install_stop_handlers();
   learn.fit_one_cycle(a.epochs, a.lr);
+  if (checkpointer->interrupted()) {
+    std::cerr << "mixtrain: interrupted; checkpoint saved to " << checkpointer->last_path()
+              << "; resume with: mixtrain train --resume " << a.out << std::endl;
+    return 130;
+  }
 
   const auto& last = learn.recorder().values().back();
   std::printf("valid accuracy %.4f, valid loss %.4f; run written to %s\n", last.metrics.at(0), last.valid_loss,
@@ -225,7 +352,20 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (train->parsed()) return run_train(train_args);
+    if (train->parsed()) {
+      if (!train_args.resume.empty()) {
+        // A resumed run uses its own recorded flags; only --threads may differ.
+        for (const CLI::Option* opt : train->get_options())
+          if (opt->count() > 0 && opt->get_name() != "--resume" && opt->get_name() != "--threads")
+            throw UsageError("--resume takes the run's flags from " + train_args.resume + "/args.json; do not pass " +
+                             opt->get_name());
+        const int threads = train_args.threads;
+        const bool threads_given = train->count("--threads") > 0;
+        train_args = args_from_run_dir(train_args.resume);
+        if (threads_given) train_args.threads = threads;
+      }
+      return run_train(train_args);
+    }
   } catch (const UsageError& e) {
     std::cerr << "mixtrain: error: " << e.what() << std::endl;
   } catch (const c10::Error& e) {

@@ -2,6 +2,7 @@
 /// CSV logs: one row per epoch (metrics.csv) and one per training step (steps.csv).
 
 #include "mixtrain/callback.h"
+#include "mixtrain/recorder.h"
 
 #include <cstdint>
 #include <fstream>
@@ -13,7 +14,8 @@ namespace mixtrain::callbacks {
 /// and `dir/steps.csv` (iter, epoch, loss, smooth_loss, lr, scale, skipped; scale
 /// is empty when no loss scaling was used). Rows are flushed at
 /// the end of every epoch, so a crashed run keeps what it finished. The files are
-/// created at the first fit; later fits on the same logger append.
+/// created at the first fit, starting with the history the Recorder already
+/// holds (a resumed run's); later fits on the same logger append.
 class CSVLogger : public Callback {
  public:
   explicit CSVLogger(std::string dir);
@@ -22,6 +24,9 @@ class CSVLogger : public Callback {
   void after_epoch(Learner& learn) override;
 
  private:
+  void write_epoch(const EpochRecord& e);
+  void write_new_steps(const Recorder& rec);
+  void flush();
   std::string dir_;
   std::ofstream metrics_, steps_;
   size_t steps_written_ = 0;
