@@ -54,7 +54,7 @@ void Checkpointer::after_batch(Learner& learn) {
 
 void Checkpointer::after_epoch(Learner& learn) {
   const bool last = learn.epoch() + 1 == learn.n_epoch();
-  if ((every_ > 0 && (learn.epoch() + 1) % every_ == 0) || (every_ > 0 && last)) save(learn);
+  if (every_ > 0 && ((learn.epoch() + 1) % every_ == 0 || last)) save(learn);
 }
 
 } // namespace mixtrain::callbacks
