@@ -207,6 +207,20 @@ TEST(CliTest, CheckpointDirectoriesAreProtectedAndKeepPrunes) {
   test::write_raw(out + "/checkpoint-12.pt", {1, 2, 3});
   expect_usage_error("train --resume " + out, "is corrupt or truncated");
   expect_usage_error("train --data " + dir + " --out " + test::scratch_dir("cli_protect_x") + " --save-every -1", "invalid --save-every");
+  expect_usage_error("train --data " + dir + " --out " + test::scratch_dir("cli_protect_y") + " --max-bad-steps -1", "invalid --max-bad-steps");
+}
+
+TEST(CliTest, DivergingFp32RunStopsWithTheLastGoodCheckpoint) {
+  const std::string dir = test::fake_fashion_dir("cli_nan", 256, 32);
+  const std::string out = test::scratch_dir("cli_nan_out");
+  const CliResult r = run_cli("train --data " + dir + " --out " + out + " --bs 16 --threads 1 --model mlp --lr 1e6");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("mixtrain: stopped: the loss became", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  const std::string latest = slurp(out + "/latest");
+  ASSERT_FALSE(latest.empty());
+  for (const auto& kv : model_tensors(out + "/" + latest.substr(0, latest.size() - 1)))
+    EXPECT_TRUE(torch::isfinite(kv.second).all().item<bool>()) << kv.first;  // the last good weights
 }
 
 } // namespace

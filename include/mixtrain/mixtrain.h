@@ -16,6 +16,7 @@
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/progress.h"
 #include "mixtrain/callbacks/summary_writer.h"
+#include "mixtrain/callbacks/terminate_on_nan.h"
 #include "mixtrain/data.h"
 #include "mixtrain/learner.h"
 #include "mixtrain/metrics.h"

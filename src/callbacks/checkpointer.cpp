@@ -27,12 +27,12 @@ std::string Checkpointer::latest(const std::string& dir) {
   return dir + "/" + name;
 }
 
-void Checkpointer::save(Learner& learn) {
+std::string Checkpointer::save(Learner& learn) {
   const std::string name = "checkpoint-" + std::to_string(learn.train_iter()) + ".pt";
   learn.save(dir_ + "/" + name);
   write_file_atomically(dir_ + "/latest", name + "\n");
   last_path_ = dir_ + "/" + name;
-  if (keep_ == 0) return;
+  if (keep_ == 0) return last_path_;
   // Keep the newest `keep_` by step number; the one just written is always among them.
   static const std::regex pattern(R"(checkpoint-(\d+)\.pt)");
   std::vector<std::pair<int64_t, fs::path>> found;
@@ -43,6 +43,7 @@ void Checkpointer::save(Learner& learn) {
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = static_cast<size_t>(keep_); i < found.size(); ++i) fs::remove(found[i].second);
+  return last_path_;
 }
 
 void Checkpointer::after_batch(Learner& learn) {

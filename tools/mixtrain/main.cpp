@@ -52,6 +52,7 @@ struct TrainArgs {
   std::string resume;           // run directory to continue
   bool force = false;           // reuse an --out that holds checkpoints
   int64_t interrupt_at_step = -1;  // testing: raise SIGINT after this training step
+  int64_t max_bad_steps = 10;  // with loss scaling: consecutive NaN/inf losses tolerated
 };
 
 // ---- Interrupts: the first SIGINT/SIGTERM asks for a checkpoint after the
@@ -89,7 +90,8 @@ nlohmann::json args_to_json(const TrainArgs& a) {
           {"clip", a.clip}, {"accum", a.accum}, {"no_emulation", a.no_emulation},
           {"loss_scale", a.master.loss_scale()}, {"dynamic", a.master.dynamic()},
           {"max_noskip", a.master.max_noskip()}, {"max_scale", a.master.max_scale()},
-          {"flat_master", a.master.flat_master()}, {"save_every", a.save_every}, {"keep", a.keep}};
+          {"flat_master", a.master.flat_master()}, {"save_every", a.save_every}, {"keep", a.keep},
+          {"max_bad_steps", a.max_bad_steps}};
 }
 
 TrainArgs args_from_run_dir(const std::string& dir) {
@@ -122,6 +124,7 @@ TrainArgs args_from_run_dir(const std::string& dir) {
         .flat_master(j.at("flat_master").get<bool>());
     a.save_every = j.at("save_every").get<int64_t>();
     a.keep = j.at("keep").get<int64_t>();
+    a.max_bad_steps = j.at("max_bad_steps").get<int64_t>();
     a.out = dir;
     a.resume = dir;
     return a;
@@ -191,6 +194,10 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
   cmd.add_option("--resume", a.resume,
                  "Continue the run in OUT_DIR from its latest checkpoint, with the run's own flags (OUT_DIR/args.json)");
   cmd.add_flag("--force", a.force, "Start a new run in an --out directory that already holds checkpoints");
+  cmd.add_option("--max-bad-steps", a.max_bad_steps,
+                 "With loss scaling (fp16, *-master): stop after more than N consecutive NaN/inf losses "
+                 "(fp32/bf16 stop at the first)")
+      ->capture_default_str();
   cmd.add_option("--interrupt-at-step", a.interrupt_at_step)->group("");  // testing aid, hidden from --help
   cmd.add_flag("--no-emulation", a.no_emulation,
                "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)");
@@ -224,6 +231,8 @@ void validate(const TrainArgs& a) {
   if (a.accum < 1) throw UsageError("invalid --accum " + std::to_string(a.accum) + ": must be >= 1");
   if (a.save_every < 0) throw UsageError("invalid --save-every " + std::to_string(a.save_every) + ": must be >= 0");
   if (a.keep < 0) throw UsageError("invalid --keep " + std::to_string(a.keep) + ": must be >= 0");
+  if (a.max_bad_steps < 0)
+    throw UsageError("invalid --max-bad-steps " + std::to_string(a.max_bad_steps) + ": must be >= 0");
   // The scaler and the precision check throw c10::Error; main() reports those as
   // one-line flag errors like UsageError, before any work is done.
   mixtrain::amp::GradScaler check_scaler_options(a.scaler);
@@ -284,6 +293,8 @@ int run_train(TrainArgs a) {
       std::make_shared<mixtrain::callbacks::Checkpointer>(a.out, a.save_every, a.keep, &g_stop_requested);
   learn.add_cb(checkpointer);
   if (a.interrupt_at_step >= 0) learn.add_cb(std::make_shared<RaiseSigintAt>(a.interrupt_at_step));
+  auto nan_stop = std::make_shared<mixtrain::callbacks::TerminateOnNaN>(a.max_bad_steps, checkpointer);
+  learn.add_cb(nan_stop);
   if (!checkpoint.empty()) {
     learn.load(checkpoint);
     std::cout << "mixtrain train: resuming " << a.out << " from " << checkpoint << std::endl;
@@ -319,6 +330,10 @@ int run_train(TrainArgs a) {
     std::cerr << "mixtrain: interrupted; checkpoint saved to " << checkpointer->last_path()
               << "; resume with: mixtrain train --resume " << a.out << std::endl;
     return 130;
+  }
+  if (nan_stop->triggered()) {
+    std::cerr << "mixtrain: stopped: " << nan_stop->message() << std::endl;
+    return 1;
   }
 
   const auto& last = learn.recorder().values().back();

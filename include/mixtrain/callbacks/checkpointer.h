@@ -27,11 +27,13 @@ class Checkpointer : public Callback {
   /// The newest checkpoint of a run directory (from `dir/latest`), or "" when there is none.
   static std::string latest(const std::string& dir);
 
+  /// Saves a checkpoint now (between batches, or before a step) and returns its path.
+  std::string save(Learner& learn);
+
   void after_batch(Learner& learn) override;
   void after_epoch(Learner& learn) override;
 
  private:
-  void save(Learner& learn);
   std::string dir_;
   int64_t every_, keep_;
   const std::atomic<bool>* stop_;

@@ -1,0 +1,41 @@
+#pragma once
+/// Stops a run whose loss became NaN or inf, keeping the last good state.
+
+#include "mixtrain/callback.h"
+#include "mixtrain/callbacks/checkpointer.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mixtrain::callbacks {
+
+/// fastai's TerminateOnNaN, but it keeps the last good state and says why.
+/// Without loss scaling (fp32, bf16) the first non-finite training loss stops
+/// the fit. With loss scaling (fp16 GradScaler, master weights) the scaler
+/// handles overflow by skipping steps, so only more than `max_bad_steps`
+/// consecutive non-finite losses stop it. When it stops, it saves a checkpoint
+/// through `checkpointer` (if given) *before* that batch's step, i.e. the
+/// last good weights, and ends the fit; triggered() and message() tell the
+/// caller. Order 20: after the precision callbacks (10) have cast the loss.
+class TerminateOnNaN : public Callback {
+ public:
+  explicit TerminateOnNaN(int64_t max_bad_steps = 10, std::shared_ptr<Checkpointer> checkpointer = nullptr);
+  std::string name() const override { return "TerminateOnNaN"; }
+
+  bool triggered() const { return triggered_; }
+  /// One line saying what happened, where the last good state is, and what to try.
+  const std::string& message() const { return message_; }
+
+  void before_fit(Learner& learn) override;
+  void after_loss(Learner& learn) override;
+
+ private:
+  int64_t max_bad_steps_;
+  std::shared_ptr<Checkpointer> checkpointer_;
+  int64_t bad_in_a_row_ = 0;
+  bool triggered_ = false;
+  std::string message_;
+};
+
+} // namespace mixtrain::callbacks

@@ -1,0 +1,51 @@
+#include "mixtrain/callbacks/terminate_on_nan.h"
+
+#include "mixtrain/amp/master_weights.h"
+#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/learner.h"
+
+#include <cmath>
+
+namespace mixtrain::callbacks {
+
+TerminateOnNaN::TerminateOnNaN(int64_t max_bad_steps, std::shared_ptr<Checkpointer> checkpointer)
+    : max_bad_steps_(max_bad_steps), checkpointer_(std::move(checkpointer)) {
+  TORCH_CHECK(max_bad_steps >= 0, "Invalid max_bad_steps: ", max_bad_steps, " (must be >= 0)");
+  order = 20;
+}
+
+void TerminateOnNaN::before_fit(Learner&) {
+  bad_in_a_row_ = 0;
+  triggered_ = false;
+  message_.clear();
+}
+
+void TerminateOnNaN::after_loss(Learner& learn) {
+  if (!learn.training()) return;
+  const double loss = learn.loss().item<double>();
+  if (std::isfinite(loss)) {
+    bad_in_a_row_ = 0;
+    return;
+  }
+  auto mp = learn.mixed_precision();
+  const bool scaled = (mp && mp->scaler().is_enabled()) || learn.get_cb<amp::MasterWeights>() != nullptr;
+  ++bad_in_a_row_;
+  if (scaled && bad_in_a_row_ <= max_bad_steps_) return;  // the scaler skips this step
+
+  // Stop before this batch's backward and step: the weights are the last good ones.
+  triggered_ = true;
+  std::string where = "no checkpoint written (no run directory)";
+  if (checkpointer_) where = "last good state saved to " + checkpointer_->save(learn);
+  if (scaled)
+    message_ = "the loss was NaN/inf for " + std::to_string(bad_in_a_row_) +
+               " consecutive steps despite loss scaling (at step " + std::to_string(learn.train_iter()) + "); " +
+               where + ". The fp16 forward pass likely overflows (> 65504): normalize the inputs, find the "
+               "overflowing op (mixtrain doctor), or train in bf16/fp32";
+  else
+    message_ = "the loss became " + std::string(std::isnan(loss) ? "NaN" : "inf") + " at step " +
+               std::to_string(learn.train_iter()) + "; " + where +
+               ". Check the data for NaN/inf and unnormalized inputs, then lower the learning rate";
+  throw CancelFitException();
+}
+
+} // namespace mixtrain::callbacks
