@@ -12,6 +12,9 @@ namespace nn = torch::nn;
 
 enum class Mode { kFp32, kFp16Emulated, kBf16Master };
 
+/// Injected overflows at fixed global steps, so both runs see the same ones.
+bool overflow_steps(int64_t step) { return step % 5 == 2; }
+
 /// Small CNN with BatchNorm (buffers matter for resume) on image-like blobs.
 Learner make_learner(Mode mode, uint64_t seed = 5) {
   torch::manual_seed(seed);
@@ -29,15 +32,6 @@ Learner make_learner(Mode mode, uint64_t seed = 5) {
   if (mode == Mode::kBf16Master) learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).max_noskip(4));
   return learn;
 }
-
-/// Injected overflows at fixed global steps, so both runs see the same ones.
-class InjectOverflow : public Callback {
- public:
-  InjectOverflow() { order = 5; }
-  void after_backward(Learner& learn) override {
-    if (learn.train_iter() % 5 == 2) learn.model().module().parameters()[0].grad().view(-1)[0] = INFINITY;
-  }
-};
 
 /// Saves at training step `at` (after that step) and stops the fit, like an interrupt.
 class SaveAndStop : public Callback {
@@ -75,18 +69,18 @@ TEST_F(CheckpointTest, ResumeIsBitwiseIdenticalInEveryPrecisionMode) {
     for (int64_t stop_at : {8, 12}) {
       SCOPED_TRACE("mode " + std::to_string(int(mode)) + ", stop after step " + std::to_string(stop_at));
       Learner full = make_learner(mode);
-      if (mode != Mode::kFp32) full.add_cb(std::make_shared<InjectOverflow>());
+      if (mode != Mode::kFp32) full.add_cb(std::make_shared<test::InjectOverflow>(overflow_steps));
       full.fit_one_cycle(3, 1e-2);
       const auto expected = state_of(full);
 
       const std::string path = dir + "/ckpt.pt";
       Learner first = make_learner(mode);
-      if (mode != Mode::kFp32) first.add_cb(std::make_shared<InjectOverflow>());
+      if (mode != Mode::kFp32) first.add_cb(std::make_shared<test::InjectOverflow>(overflow_steps));
       first.fit_one_cycle(3, 1e-2, {}, {std::make_shared<SaveAndStop>(stop_at, path)});
       EXPECT_EQ(first.recorder().steps().size(), static_cast<size_t>(stop_at));
 
       Learner resumed = make_learner(mode, /*seed=*/999);  // other initial weights: all must come from the file
-      if (mode != Mode::kFp32) resumed.add_cb(std::make_shared<InjectOverflow>());
+      if (mode != Mode::kFp32) resumed.add_cb(std::make_shared<test::InjectOverflow>(overflow_steps));
       resumed.load(path);
       resumed.fit_one_cycle(3, 1e-2);
       expect_bitwise_equal(state_of(resumed), expected);

@@ -49,17 +49,6 @@ data::DataLoaders blob_loaders() {
   return data::DataLoaders::from_split({test::blobs(128, 3, 4, 41), test::blobs(64, 3, 4, 42)}, 16, 3);
 }
 
-/// Injects inf into the first model gradient at chosen steps (before MasterWeights' check).
-class InjectOverflow : public Callback {
- public:
-  explicit InjectOverflow(std::set<int64_t> steps) : steps_(std::move(steps)) { order = 5; }
-  void after_backward(Learner& learn) override {
-    if (steps_.count(learn.train_iter())) learn.model().module().parameters()[0].grad().view(-1)[0] = INFINITY;
-  }
- private:
-  std::set<int64_t> steps_;
-};
-
 std::string serialized(torch::optim::Optimizer& opt) {
   std::ostringstream out;
   torch::save(opt, out);
@@ -138,7 +127,7 @@ TEST_F(MasterWeightsTest, OverflowStepLeavesWeightsMastersAndOptimizerStateBitwi
     };
     auto snap = std::make_shared<Snapshot>();
     snap->mw = mw;
-    learn.add_cb(snap).add_cb(std::make_shared<InjectOverflow>(std::set<int64_t>{3, 4}));
+    learn.add_cb(snap).add_cb(std::make_shared<test::InjectOverflow>(std::set<int64_t>{3, 4}));
     learn.fit(1, 1e-2);
     ASSERT_EQ(snap->unchanged.size(), 8u);
     for (size_t i = 0; i < 8; ++i) EXPECT_EQ(snap->unchanged[i], i == 3 || i == 4) << "step " << i;
@@ -151,7 +140,7 @@ TEST_F(MasterWeightsTest, OverflowStepLeavesWeightsMastersAndOptimizerStateBitwi
 TEST_F(MasterWeightsTest, HalvingAndDoublingFollowMaxNoskipAndMaxScale) {
   Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).max_noskip(2).max_scale(131072));
-  learn.add_cb(std::make_shared<InjectOverflow>(std::set<int64_t>{5}));
+  learn.add_cb(std::make_shared<test::InjectOverflow>(std::set<int64_t>{5}));
   learn.fit(1, 1e-2);
   std::vector<double> used;
   for (const auto& s : learn.recorder().steps()) used.push_back(s.scale);
@@ -163,7 +152,7 @@ TEST_F(MasterWeightsTest, HalvingAndDoublingFollowMaxNoskipAndMaxScale) {
 TEST_F(MasterWeightsTest, StaticScaleNeverChangesButStillSkipsOverflow) {
   Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).dynamic(false).max_noskip(1));
-  learn.add_cb(std::make_shared<InjectOverflow>(std::set<int64_t>{2}));
+  learn.add_cb(std::make_shared<test::InjectOverflow>(std::set<int64_t>{2}));
   learn.fit(1, 1e-2);
   for (const auto& s : learn.recorder().steps()) EXPECT_EQ(s.scale, 512);  // fastai v1's static default
   EXPECT_TRUE(learn.recorder().steps()[2].skipped);

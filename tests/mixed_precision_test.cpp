@@ -13,19 +13,6 @@ data::DataLoaders loaders() {
   return data::DataLoaders::from_split({test::blobs(256, 3, 4, 21), test::blobs(128, 3, 4, 22)}, 32, 1);
 }
 
-/// Writes inf into the first weight gradient at the chosen training steps.
-class InjectOverflow : public Callback {
- public:
-  explicit InjectOverflow(std::set<int64_t> steps) : steps_(std::move(steps)) { order = 5; }
-  void after_backward(Learner& learn) override {
-    if (!steps_.count(learn.train_iter())) return;
-    auto p = learn.model().module().parameters()[0];
-    p.grad().view(-1)[0] = INFINITY;
-  }
- private:
-  std::set<int64_t> steps_;
-};
-
 /// Checks, at every step, that the weights did not move when the step was skipped.
 class WatchWeights : public Callback {
  public:
@@ -50,7 +37,7 @@ TEST_F(MixedPrecisionTest, InjectedOverflowsAreSkippedRecordedAndKept) {
   // fp32 compute with a real GradScaler (growth_interval 2): the skip logic without fp16.
   learn.add_cb(std::make_shared<amp::MixedPrecision>(torch::kFloat, amp::GradScalerOptions().growth_interval(2)));
   auto watch = std::make_shared<WatchWeights>();
-  learn.add_cb(std::make_shared<InjectOverflow>(std::set<int64_t>{0, 1, 5})).add_cb(watch);
+  learn.add_cb(std::make_shared<test::InjectOverflow>(std::set<int64_t>{0, 1, 5})).add_cb(watch);
   std::ostringstream table;
   learn.add_cb(std::make_shared<callbacks::ProgressCallback>(table, false));
   learn.fit(1, 1e-2);

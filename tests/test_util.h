@@ -3,11 +3,14 @@
 
 #include <gtest/gtest.h>
 #include <mixtrain/data.h>
+#include <mixtrain/learner.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <iterator>
 #include <string>
 
@@ -48,6 +51,21 @@ inline mixtrain::data::Dataset blobs(int64_t n, int64_t classes = 3, int64_t dim
   torch::Tensor x = centers.index_select(0, y) + torch::randn({n, dim}, gen) * 0.5;
   return {x, y};
 }
+
+/// Writes inf into the first parameter's gradient at the training steps `at`
+/// picks (train_iter() during backward), before any precision callback checks it.
+class InjectOverflow : public mixtrain::Callback {
+ public:
+  explicit InjectOverflow(std::function<bool(int64_t step)> at) : at_(std::move(at)) { order = 5; }
+  explicit InjectOverflow(std::set<int64_t> steps)
+      : InjectOverflow([steps = std::move(steps)](int64_t s) { return steps.count(s) > 0; }) {}
+  void after_backward(mixtrain::Learner& learn) override {
+    if (at_(learn.train_iter())) learn.model().module().parameters()[0].grad().view(-1)[0] = INFINITY;
+  }
+
+ private:
+  std::function<bool(int64_t)> at_;
+};
 
 /// A fresh scratch directory under the build tree.
 inline std::string scratch_dir(const std::string& name) {
