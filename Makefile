@@ -1,11 +1,16 @@
 # The two commands that set everything up on a fresh Debian 12 machine:
 #   make demo   installs dependencies, builds, trains the default CNN for 1 epoch
-#   make test   installs dependencies, builds, runs the whole test suite (ctest)
+#   make test   installs dependencies, builds, runs the whole test suite (ctest),
+#               then the suite again under ASan+UBSan and a short fuzzing pass (what CI runs)
+# For a quick loop while developing: make check (the ctest suite only).
 BUILD ?= build
+SAN_BUILD ?= build-san
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+FUZZ_SECONDS ?= 120
+CI_FUZZ_SECONDS ?= 30
 
-.PHONY: setup configure build demo test bench install clean
+.PHONY: setup configure build demo check test sanitize-configure sanitize fuzz bench install clean
 
 setup:
 	bash scripts/setup.sh
@@ -19,11 +24,30 @@ build: configure
 demo: build
 	./$(BUILD)/tools/mixtrain/mixtrain train --epochs 1 --out runs/demo
 
-test: build
+check: build
 	ctest --test-dir $(BUILD) --output-on-failure -j 1
+
+test: check
+	$(MAKE) sanitize
+	$(MAKE) fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
+
+# One clang build serves both: everything under ASan+UBSan, fuzz targets with libFuzzer.
+sanitize-configure: setup
+	CC=clang-14 CXX=clang++-14 cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMIXTRAIN_SANITIZE=ON -DMIXTRAIN_BUILD_FUZZ=ON -DMIXTRAIN_BUILD_BENCH=OFF -DMIXTRAIN_BUILD_EXAMPLES=OFF
+
+# The ctest suite under ASan+UBSan (the installed-package test is left out: it
+# builds a separate project with the default compiler, which cannot link ASan objects).
+sanitize: sanitize-configure
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target mixtrain_tests mixtrain_cli
+	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(SAN_BUILD) --output-on-failure -j 1 -E InstalledPackageExample
+
+fuzz: sanitize-configure
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target idx_fuzz checkpoint_fuzz
+	bash scripts/fuzz.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
 bench: build
 	bash bench/run_all.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD)

@@ -10,6 +10,7 @@ PACKAGES=(
   dataset-fashion-mnist
   zlib1g-dev libgtest-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
+  clang-14 libclang-rt-14-dev          # the ASan+UBSan build and libFuzzer (make sanitize, make fuzz)
 )
 
 missing=()

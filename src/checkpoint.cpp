@@ -14,12 +14,75 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+
+#include <zlib.h>
 
 namespace mixtrain {
 
 namespace {
 
 constexpr int64_t kFormatVersion = 1;
+
+// A checkpoint file is a 24-byte header followed by libtorch's archive (a zip):
+//   "MIXTRAIN" | u32 container version | u32 CRC-32 of the archive | u64 archive size
+// (little endian). libtorch's reader is not hardened against damaged input (a
+// fuzzer crashed it with one shuffled byte), so the size and checksum are checked
+// first: a truncated or bit-rotted file is reported before libtorch parses a byte.
+constexpr char kMagic[8] = {'M', 'I', 'X', 'T', 'R', 'A', 'I', 'N'};
+constexpr uint32_t kContainerVersion = 1;
+constexpr size_t kHeaderSize = 24;
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get_le(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t(static_cast<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+uint32_t crc32_of(const char* data, size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (size > 0) {  // zlib takes uInt lengths
+    const uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), n);
+    data += n;
+    size -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string with_header(const std::string& archive) {
+  std::string out(kMagic, sizeof(kMagic));
+  put_le(out, kContainerVersion, 4);
+  put_le(out, crc32_of(archive.data(), archive.size()), 4);
+  put_le(out, archive.size(), 8);
+  out.reserve(kHeaderSize + archive.size());
+  out += archive;
+  return out;
+}
+
+/// Checks the header, size and checksum; returns the archive's bytes.
+std::pair<const char*, size_t> checked_archive(const char* data, size_t size, const std::string& path) {
+  const size_t magic_seen = std::min(size, sizeof(kMagic));
+  TORCH_CHECK(std::memcmp(data, kMagic, magic_seen) == 0, "Checkpoint ", path,
+              " is corrupt or truncated (it does not start with the mixtrain checkpoint header)");
+  TORCH_CHECK(size >= kHeaderSize, "Checkpoint ", path, " is truncated (", size, " bytes; its header alone is ",
+              kHeaderSize, ")");
+  const uint64_t version = get_le(data + 8, 4), crc = get_le(data + 12, 4), archive_size = get_le(data + 16, 8);
+  TORCH_CHECK(version == kContainerVersion, "Checkpoint ", path, " has container version ", version,
+              "; this mixtrain reads version ", kContainerVersion);
+  const size_t body = size - kHeaderSize;
+  TORCH_CHECK(body >= archive_size, "Checkpoint ", path, " is truncated (", body, " of ", archive_size,
+              " archive bytes present)");
+  TORCH_CHECK(body == archive_size, "Checkpoint ", path, " is corrupt (", body - archive_size,
+              " unexpected bytes after the archive)");
+  TORCH_CHECK(crc32_of(data + kHeaderSize, body) == crc, "Checkpoint ", path,
+              " is corrupt (checksum mismatch: the file was damaged after it was written)");
+  return {data + kHeaderSize, body};
+}
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
@@ -73,20 +136,42 @@ void Learner::save(const std::string& path) {
 
   std::ostringstream bytes;
   ar.save_to(bytes);
-  write_file_atomically(path, bytes.str());
+  write_file_atomically(path, with_header(bytes.str()));
+}
+
+void Learner::open_checkpoint(const std::string& path, torch::serialize::InputArchive& archive) {
+  std::ifstream file(path, std::ios::binary);
+  TORCH_CHECK(file, "Cannot open checkpoint ", path, ": ", std::strerror(errno));
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(!bytes.empty(), "Checkpoint ", path, " is empty");
+  const auto [data, size] = checked_archive(bytes.data(), bytes.size(), path);
+  try {
+    archive.load_from(data, size);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "Checkpoint ", path, " is corrupt (", first_line(e.what()), ")");
+  }
 }
 
 void Learner::load(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   TORCH_CHECK(file, "Cannot open checkpoint ", path, ": ", std::strerror(errno));
   const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(!bytes.empty(), "Checkpoint ", path, " is empty");
+  load_from_memory(bytes.data(), bytes.size(), path);
+}
 
+void Learner::load_from_memory(const char* data, size_t size, const std::string& path) {
+  TORCH_CHECK(size > 0, "Checkpoint ", path, " is empty");
+  std::tie(data, size) = checked_archive(data, size, path);
+
+  // libtorch's reader throws more than c10::Error on damaged input (std::out_of_range
+  // from the unpickler, for one); all of it means a corrupt file to the user.
   torch::serialize::InputArchive ar;
   try {
-    ar.load_from(bytes.data(), bytes.size());
+    ar.load_from(data, size);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what_without_backtrace()), ")");
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what()), ")");
   }
   // Reading an entry can fail too when the archive's body is damaged.
   auto guarded = [&](const std::string& what, const auto& fn) {
@@ -94,6 +179,8 @@ void Learner::load(const std::string& path) {
       return fn();
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "Checkpoint ", path, ": ", what, ": ", first_line(e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "Checkpoint ", path, ": ", what, ": ", first_line(e.what()));
     }
   };
 

@@ -62,8 +62,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-/// Reads a whole file, gunzipping it when `gzipped`. Returns the bytes.
-std::vector<uint8_t> read_file_bytes(const std::string& path, bool gzipped) {
+/// Reads a whole file.
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   TORCH_CHECK(f, "Cannot open ", path, ": ", std::strerror(errno));
   std::vector<uint8_t> raw;
@@ -71,17 +71,21 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, bool gzipped) {
   size_t got;
   while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) raw.insert(raw.end(), chunk, chunk + got);
   TORCH_CHECK(!std::ferror(f.get()), "Error reading ", path);
-  if (!gzipped) return raw;
+  return raw;
+}
 
-  TORCH_CHECK(raw.size() >= 2 && raw[0] == 0x1f && raw[1] == 0x8b, path, " is not a gzip file");
+/// Inflates a gzip stream held in memory.
+std::vector<uint8_t> gunzip(const uint8_t* data, size_t size, const std::string& name) {
+  TORCH_CHECK(size >= 2 && data[0] == 0x1f && data[1] == 0x8b, name, " is not a gzip file");
   // zlib's inflate with gzip framing checks the CRC and length in the trailer,
   // so a truncated or corrupted file is reported rather than read short.
   z_stream zs;
   std::memset(&zs, 0, sizeof(zs));
   TORCH_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "zlib init failed");
   std::vector<uint8_t> out;
-  zs.next_in = raw.data();
-  zs.avail_in = static_cast<uInt>(raw.size());
+  uint8_t chunk[1 << 16];
+  zs.next_in = const_cast<uint8_t*>(data);  // zlib's API is not const-correct; it only reads
+  zs.avail_in = static_cast<uInt>(size);
   int rc = Z_OK;
   while (rc != Z_STREAM_END) {
     zs.next_out = chunk;
@@ -91,13 +95,13 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, bool gzipped) {
       const bool truncated = rc == Z_BUF_ERROR && zs.avail_in == 0;
       const std::string msg = zs.msg ? zs.msg : "unknown zlib error";
       inflateEnd(&zs);
-      TORCH_CHECK(!truncated, path, " is truncated (gzip stream ends early)");
-      TORCH_CHECK(false, path, " is corrupt (", msg, ")");
+      TORCH_CHECK(!truncated, name, " is truncated (gzip stream ends early)");
+      TORCH_CHECK(false, name, " is corrupt (", msg, ")");
     }
     out.insert(out.end(), chunk, chunk + (sizeof(chunk) - zs.avail_out));
     if (out.size() > kMaxIdxBytes) {
       inflateEnd(&zs);
-      TORCH_CHECK(false, path, " inflates to more than ", kMaxIdxBytes, " bytes; refusing to read it");
+      TORCH_CHECK(false, name, " inflates to more than ", kMaxIdxBytes, " bytes; refusing to read it");
     }
   }
   inflateEnd(&zs);
@@ -107,7 +111,19 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, bool gzipped) {
 } // namespace
 
 torch::Tensor read_idx(const std::string& path) {
-  const std::vector<uint8_t> bytes = read_file_bytes(path, ends_with(path, ".gz"));
+  const std::vector<uint8_t> raw = read_file_bytes(path);
+  return parse_idx(raw.data(), raw.size(), ends_with(path, ".gz"), path);
+}
+
+torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const std::string& name) {
+  std::vector<uint8_t> inflated;
+  if (gzipped) {
+    inflated = gunzip(data, size, name);
+    data = inflated.data();
+    size = inflated.size();
+  }
+  const std::string& path = name;
+  const c10::ArrayRef<uint8_t> bytes(data, size);
   TORCH_CHECK(bytes.size() >= 4, path, " is too short to be an idx file (", bytes.size(), " bytes)");
   TORCH_CHECK(bytes[0] == 0 && bytes[1] == 0, path, " has a bad idx magic number (first bytes must be 0)");
   TORCH_CHECK(bytes[2] == 0x08, path, " has idx data type 0x", std::hex, int(bytes[2]),
@@ -130,7 +146,7 @@ torch::Tensor read_idx(const std::string& path) {
               payload, " follow");
   TORCH_CHECK(payload == count, path, " has ", payload - count, " trailing bytes after its ", count, " values");
   torch::Tensor t = at::empty(dims, at::kByte);
-  if (count) std::memcpy(t.data_ptr<uint8_t>(), bytes.data() + header, count);
+  if (count) std::memcpy(t.data_ptr<uint8_t>(), data + header, count);
   return t;
 }
 

@@ -109,17 +109,47 @@ TEST_F(CheckpointTest, TruncatedOrCorruptCheckpointsAreClearErrors) {
   learn.save(dir + "/good.pt");
   const auto bytes = test::read_raw(dir + "/good.pt");
   const auto before = state_of(learn);
-  for (size_t cut : {size_t(0), size_t(1), size_t(100), bytes.size() / 3, bytes.size() / 2, bytes.size() - 200,
-                     bytes.size() - 1}) {
+  // Every offset inside the header, then a sample of offsets across the body.
+  std::vector<size_t> cuts;
+  for (size_t cut = 1; cut <= 40; ++cut) cuts.push_back(cut);
+  for (size_t cut = 41; cut < bytes.size(); cut += bytes.size() / 97) cuts.push_back(cut);
+  cuts.push_back(bytes.size() - 1);
+  for (size_t cut : cuts) {
     test::write_raw(dir + "/cut.pt", std::vector<uint8_t>(bytes.begin(), bytes.begin() + cut));
-    EXPECT_THROW_WITH(learn.load(dir + "/cut.pt"), "heckpoint");
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    EXPECT_THROW_WITH(learn.load(dir + "/cut.pt"), "is truncated");
   }
-  auto flipped = bytes;
-  for (size_t i = 64; i < flipped.size(); i += 97) flipped[i] ^= 0x5a;
-  test::write_raw(dir + "/flipped.pt", flipped);
-  EXPECT_THROW_WITH(learn.load(dir + "/flipped.pt"), "heckpoint");
+  test::write_raw(dir + "/empty.pt", {});
+  EXPECT_THROW_WITH(learn.load(dir + "/empty.pt"), "is empty");
+  for (size_t at : {size_t(30), bytes.size() / 2, bytes.size() - 1}) {
+    auto flipped = bytes;
+    flipped[at] ^= 0x04;  // one bit rots
+    test::write_raw(dir + "/flipped.pt", flipped);
+    SCOPED_TRACE("flip at " + std::to_string(at));
+    EXPECT_THROW_WITH(learn.load(dir + "/flipped.pt"), "checksum mismatch");
+  }
+  auto longer = bytes;
+  longer.push_back(0);
+  test::write_raw(dir + "/longer.pt", longer);
+  EXPECT_THROW_WITH(learn.load(dir + "/longer.pt"), "unexpected bytes after the archive");
+  test::write_raw(dir + "/other.pt", {'P', 'K', 3, 4, 0, 0});
+  EXPECT_THROW_WITH(learn.load(dir + "/other.pt"), "does not start with the mixtrain checkpoint header");
   EXPECT_THROW_WITH(learn.load(dir + "/missing.pt"), "Cannot open checkpoint");
   expect_bitwise_equal(state_of(learn), before);  // failed loads changed nothing
+}
+
+// Inputs the fuzzer (fuzz/checkpoint_fuzz.cpp) once crashed on stay rejected cleanly.
+TEST_F(CheckpointTest, FuzzRegressionInputsAreClearErrors) {
+  Learner learn = make_learner(Mode::kFp16Emulated);
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(MIXTRAIN_SOURCE_DIR "/fuzz/regressions/checkpoint")) {
+    SCOPED_TRACE(entry.path().string());
+    const auto bytes = test::read_raw(entry.path().string());
+    EXPECT_THROW_WITH(learn.load_from_memory(reinterpret_cast<const char*>(bytes.data()), bytes.size(), "regression"),
+                      "heckpoint regression");
+    ++seen;
+  }
+  EXPECT_GE(seen, 1);
 }
 
 TEST_F(CheckpointTest, WrongModelOrPrecisionIsNamed) {

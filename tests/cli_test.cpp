@@ -153,7 +153,7 @@ TEST(CliTest, Bf16MasterRunReportsParameterMemory) {
 /// Model tensors of a checkpoint file, by key.
 std::map<std::string, torch::Tensor> model_tensors(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path);
+  Learner::open_checkpoint(path, ar);
   std::map<std::string, torch::Tensor> out;
   for (const auto& key : ar.keys()) {
     if (key.rfind("model.param.", 0) != 0 && key.rfind("model.buffer.", 0) != 0) continue;

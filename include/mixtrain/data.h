@@ -102,6 +102,8 @@ struct DataLoaders {
 /// Throws c10::Error naming the file and the problem: missing file, not gzip,
 /// truncated data, bad magic, bad dims, size mismatch, trailing bytes.
 torch::Tensor read_idx(const std::string& path);
+/// The same from bytes in memory; `name` stands for the file in messages.
+torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const std::string& name);
 
 /// Loads Fashion-MNIST from `dir` (train: 60000, valid: the 10000 test images),
 /// as float images [N,1,28,28] normalized with kFashionMnistMean/Std and int64 labels.

@@ -135,6 +135,12 @@ class Learner {
   /// c10::Error naming the problem for a missing, truncated or corrupt file, or
   /// one from another model or precision mode; the Learner is unchanged then.
   void load(const std::string& path);
+  /// The same from a checkpoint's bytes in memory; `name` stands for the file in messages.
+  void load_from_memory(const char* data, size_t size, const std::string& name = "<memory>");
+  /// Opens the libtorch archive inside a checkpoint file (after checking its
+  /// header, size and checksum), to read entries such as "model.param.<name>"
+  /// directly. Throws c10::Error naming the problem.
+  static void open_checkpoint(const std::string& path, torch::serialize::InputArchive& archive);
   /// True while a fit continues from a loaded checkpoint (until the training
   /// phase of the epoch it resumed in ends).
   bool resuming() const { return resuming_; }

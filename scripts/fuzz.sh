@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs each libFuzzer target for a bounded time (ASan+UBSan build).
+#   scripts/fuzz.sh BUILD_DIR SECONDS_PER_TARGET
+# First every kept regression input is replayed, then the target fuzzes from its
+# seeds. A finding is written to BUILD_DIR/fuzz-artifacts/; fix it, then keep the
+# input in fuzz/regressions/<target>/ (the test suite replays those too).
+set -euo pipefail
+build=${1:?build dir}
+seconds=${2:-60}
+root=$(cd "$(dirname "$0")/.." && pwd)
+artifacts="$build/fuzz-artifacts"
+mkdir -p "$artifacts"
+# libtorch keeps process-lifetime allocations (op registries); they are not leaks.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+
+status=0
+for target in idx checkpoint; do
+  bin="$build/fuzz/${target}_fuzz"
+  corpus="$build/fuzz-corpus/$target"
+  mkdir -p "$corpus"
+  if [ -d "$root/fuzz/seeds/$target" ]; then cp -n "$root/fuzz/seeds/$target"/* "$corpus"/; fi
+  if [ "$target" = checkpoint ]; then
+    # The seed must come from this build's Learner, so it is written, not kept.
+    "$bin" -write_seed="$corpus" 2>/dev/null
+  fi
+  regressions=("$root/fuzz/regressions/$target"/*)
+  if [ -e "${regressions[0]}" ]; then
+    echo "fuzz: $target: replaying ${#regressions[@]} regression input(s)"
+    "$bin" -artifact_prefix="$artifacts/" "${regressions[@]}" > "$build/fuzz-$target-regressions.log" 2>&1 || {
+      echo "fuzz: $target: a regression input fails again; see $build/fuzz-$target-regressions.log"; status=1; continue; }
+  fi
+  echo "fuzz: $target: fuzzing for ${seconds}s"
+  if "$bin" -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 -print_final_stats=1 \
+       -artifact_prefix="$artifacts/" "$corpus" > "$build/fuzz-$target.log" 2>&1; then
+    grep -E "^stat::number_of_executed_units" "$build/fuzz-$target.log" | sed "s/^/fuzz: $target: /"
+  else
+    echo "fuzz: $target: FINDING; input in $artifacts/, log: $build/fuzz-$target.log"
+    grep -E "ERROR|SUMMARY|==ABORTING|terminate called" "$build/fuzz-$target.log" | head -5
+    status=1
+  fi
+done
+exit $status
