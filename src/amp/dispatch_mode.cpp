@@ -14,8 +14,18 @@ namespace {
 
 thread_local int emulation_depth = 0;
 thread_local int norms_depth = 0;
+thread_local int trace_depth = 0;
+thread_local OpObserver* observer = nullptr;
+thread_local bool inside_traced_op = false;
 
-int& depth(Mode mode) { return mode == Mode::kFp16Emulation ? emulation_depth : norms_depth; }
+int& depth(Mode mode) {
+  switch (mode) {
+    case Mode::kFp16Emulation: return emulation_depth;
+    case Mode::kFp32Norms: return norms_depth;
+    case Mode::kOpTrace: break;
+  }
+  return trace_depth;
+}
 
 /// CUDA autocast's lower-precision (fp16) op list.
 bool runs_in_fp16_under_autocast(const std::string& name) {
@@ -50,7 +60,10 @@ c10::IValue round_value(const c10::IValue& v) {
   return v;
 }
 
-void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+/// Runs `op` with the emulation / norm behaviours. When `raw_outputs` is given it
+/// receives the outputs before emulation rounds them.
+void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
+            std::vector<c10::IValue>* raw_outputs) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kModeKey);
   const std::string& name = op.schema().name();
   const auto n_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
@@ -61,6 +74,7 @@ void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
     c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
     for (auto it = stack->end() - n_args; it != stack->end(); ++it) *it = round_value(*it);
     op.redispatchBoxed(below, stack);
+    if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
     for (auto it = stack->end() - n_out; it != stack->end(); ++it) *it = round_value(*it);
     return;
   }
@@ -74,15 +88,44 @@ void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
     op.redispatchBoxed(below, stack);
     auto& out = *(stack->end() - n_out);
     if (out.isTensor()) out = out.toTensor().to(dtype);
+  } else {
+    op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
+  }
+  if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
+}
+
+void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (trace_depth == 0 || observer == nullptr || inside_traced_op) {
+    run_op(op, keys, stack, nullptr);
     return;
   }
-  op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
+  const auto n_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  const std::vector<c10::IValue> inputs(stack->end() - n_args, stack->end());  // refcounted handles
+  std::vector<c10::IValue> outputs;
+  inside_traced_op = true;
+  try {
+    run_op(op, keys, stack, &outputs);
+  } catch (...) {
+    inside_traced_op = false;
+    throw;
+  }
+  inside_traced_op = false;
+  c10::impl::ExcludeDispatchKeyGuard off(kModeKey);  // the observer's own ops are not traced
+  const auto n_out = static_cast<std::ptrdiff_t>(op.schema().returns().size());
+  const std::vector<c10::IValue> results(stack->end() - n_out, stack->end());
+  observer->on_op(op.schema().name(), inputs, outputs, results, runs_in_fp16_under_autocast(op.schema().name()));
 }
 
 } // namespace
 
 DispatchModeGuard::DispatchModeGuard(Mode mode) : mode_(mode), include_(kModeKey) { ++depth(mode); }
 DispatchModeGuard::~DispatchModeGuard() { --depth(mode_); }
+
+OpObserver* set_op_observer(OpObserver* next) {
+  OpObserver* previous = observer;
+  observer = next;
+  return previous;
+}
 
 bool mode_active(Mode mode) { return depth(mode) > 0 && c10::impl::tls_is_dispatch_key_included(kModeKey); }
 

@@ -1,6 +1,7 @@
 #include "mixtrain/amp/mixed_precision.h"
 
 #include "mixtrain/amp/master_weights.h"
+#include "mixtrain/diagnose/scale_analysis.h"
 #include "mixtrain/learner.h"
 
 #include "../archive_util.h"
@@ -55,6 +56,8 @@ bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bo
 void MixedPrecision::before_fit(Learner& learn) {
   device_type_ = learn.device().type();
   emulated_ = check_precision_supported(dtype_, device_type_, allow_fp16_emulation_);
+  fit_first_step_ = learn.recorder().steps().size();
+  fit_warning_.clear();
 }
 
 void MixedPrecision::before_batch(Learner&) {
@@ -118,9 +121,15 @@ void MixedPrecision::load_state(torch::serialize::InputArchive& ar) {
   history_ = std::move(history);
 }
 
-void MixedPrecision::after_fit(Learner&) {
+void MixedPrecision::after_fit(Learner& learn) {
   end_forward_region();
   step_attempted_ = false;
+  if (!scaler_.is_enabled()) return;
+  // fastai is silent here; a run that skipped many steps says so, with the likely verdict.
+  const auto& steps = learn.recorder().steps();
+  const std::vector<StepRecord> this_fit(steps.begin() + std::min(fit_first_step_, steps.size()), steps.end());
+  fit_warning_ = diagnose::fit_warning(diagnose::analyze_scale_history(this_fit));
+  if (!fit_warning_.empty()) std::cerr << "mixtrain: warning: " << fit_warning_ << std::endl;
 }
 
 } // namespace mixtrain::amp

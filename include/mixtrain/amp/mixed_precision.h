@@ -50,6 +50,9 @@ class MixedPrecision : public Callback {
   const std::vector<bool>& skipped() const { return history_.skipped; }
   /// Steps skipped so far.
   int64_t skipped_steps() const { return history_.skipped_steps(); }
+  /// The warning the last fit ended with ("" when it skipped <= 5% and its scale
+  /// did not collapse); also printed to stderr then.
+  const std::string& fit_warning() const { return fit_warning_; }
 
   /// Checkpoints carry the scaler's state and the scale history.
   std::string state_key() const override { return "mixed_precision"; }
@@ -80,6 +83,8 @@ class MixedPrecision : public Callback {
   std::optional<Fp16Emulation> emulation_;
   bool step_attempted_ = false;
   ScaleHistory history_;
+  size_t fit_first_step_ = 0;  // the Recorder's step count when this fit began
+  std::string fit_warning_;
 };
 
 } // namespace mixtrain::amp

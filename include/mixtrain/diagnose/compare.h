@@ -1,0 +1,47 @@
+#pragma once
+/// Seed 000's A/B protocol as a function: an fp32 baseline and a mixed-precision
+/// run with the same seed, the same initial weights, the same data order and
+/// the same schedule, then a verdict from what they measured.
+
+#include "mixtrain/amp/grad_scaler.h"
+#include "mixtrain/diagnose/diagnosis.h"
+
+#include <torch/arg.h>
+
+#include <functional>
+#include <memory>
+
+namespace mixtrain {
+class Learner;
+}
+
+namespace mixtrain::diagnose {
+
+/// Builds a fresh Learner (model, data, loss) in fp32. compare() calls it twice;
+/// the second model's weights are overwritten with the first one's initial
+/// weights, and both see the same data order when the loaders are seeded.
+using LearnerFactory = std::function<std::unique_ptr<Learner>()>;
+
+struct CompareOptions {
+  TORCH_ARG(int64_t, epochs) = 1;
+  TORCH_ARG(double, lr) = 1e-3;
+  /// kHalf (to_fp16) or kBFloat16 (to_bf16).
+  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
+  TORCH_ARG(amp::GradScalerOptions, scaler) = {};
+  TORCH_ARG(bool, allow_fp16_emulation) = true;
+  /// torch's global seed, set before building each Learner and before each fit.
+  TORCH_ARG(uint64_t, seed) = 42;
+  /// fit_one_cycle (fastai's default) or a constant-lr fit.
+  TORCH_ARG(bool, one_cycle) = true;
+};
+
+/// Runs the pair and decides. The Learners' Recorders hold the full histories;
+/// the evidence keeps per-step losses, scales and skips for plotting.
+Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& options = {});
+/// The same with the common arguments.
+Diagnosis compare(const LearnerFactory& make_learner, int64_t epochs, double lr);
+
+/// What a finished run's Recorder says: every step it recorded, and the last epoch.
+RunEvidence summarize_run(Learner& learn, const std::string& precision);
+
+} // namespace mixtrain::diagnose

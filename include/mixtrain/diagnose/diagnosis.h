@@ -1,0 +1,86 @@
+#pragma once
+/// Verdicts: the failure classes of seed 000 decided from measurements, with
+/// the evidence behind them and the seed's fixes in the seed's order.
+
+#include "mixtrain/diagnose/gradient_health.h"
+#include "mixtrain/diagnose/input_check.h"
+#include "mixtrain/diagnose/overflow_trace.h"
+#include "mixtrain/diagnose/scale_analysis.h"
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixtrain::diagnose {
+
+enum class Verdict {
+  kHealthy,           ///< mixed precision trains like fp32
+  kForwardOverflow,   ///< A: an fp16 activation overflows (NaN within the first epoch)
+  kGradientOverflow,  ///< B: gradients keep overflowing; the scale collapses
+  kUnderflow,         ///< C: loss plateaus above fp32, or too many skipped steps
+  kUnsupported,       ///< D: this precision cannot run here
+  kBrokenInFp32,      ///< the fp32 baseline fails too: the model or data is the problem
+};
+
+/// "healthy", "forward_overflow", "gradient_overflow", "underflow", "unsupported", "broken_in_fp32".
+const char* to_string(Verdict verdict);
+
+// Thresholds of the rules in decide().
+/// A mixed-precision final loss this many percent above fp32's is a real gap
+/// (seed 000: "a few percent can be normal fp16 noise; a large gap is a real problem").
+constexpr double kGapPercentProblem = 10.0;
+/// Skipping more than this fraction of steps is a problem (also the end-of-fit warning's threshold).
+constexpr double kSkipRateProblem = 0.05;
+/// Skipping at least this fraction means gradients overflow on most steps.
+constexpr double kSkipRateMost = 0.5;
+/// Fraction of nonzero gradient elements flushing to zero that makes underflow the verdict by itself.
+constexpr double kUnderflowProblem = 0.5;
+
+/// One run of the A/B pair, as the Recorder saw it.
+struct RunEvidence {
+  std::string precision;          ///< "fp32", "fp16" or "bf16"
+  bool emulated = false;          ///< fp16 numerics emulated (CPU)
+  std::vector<double> losses;     ///< per step
+  std::vector<double> smooth_losses;
+  std::vector<double> scales;     ///< per step (NaN without a scaler)
+  std::vector<bool> skipped;
+  double first_loss = std::numeric_limits<double>::quiet_NaN();  ///< mean of the first (up to 5) step losses
+  double final_loss = std::numeric_limits<double>::quiet_NaN();  ///< last epoch's train loss (smoothed)
+  double valid_loss = std::numeric_limits<double>::quiet_NaN();
+  std::vector<std::string> metric_names;
+  std::vector<double> metrics;    ///< last epoch
+  ScaleAnalysis scale;
+};
+
+struct Evidence {
+  std::string unsupported;                  ///< non-empty: why this precision cannot run here
+  std::optional<RunEvidence> fp32;          ///< the baseline
+  std::optional<RunEvidence> mixed;         ///< the fp16 (or bf16) run
+  std::optional<OverflowTrace> trace_start; ///< fp16 forward pass at the initial weights
+  std::optional<OverflowTrace> trace_end;   ///< and at the weights the mixed run ended with
+  std::optional<GradientHealth> gradients;  ///< fp32 gradients at the mixed run's final scale
+  std::optional<InputReport> inputs;        ///< the training inputs
+  /// (mixed - fp32) / |fp32| * 100 of the compared loss (valid loss when both are finite).
+  std::optional<double> gap_percent() const;
+};
+
+struct Diagnosis {
+  Verdict verdict = Verdict::kHealthy;
+  std::string headline;               ///< one line: the verdict in words
+  std::vector<std::string> findings;  ///< what was measured, most telling first
+  std::vector<std::string> fixes;     ///< in seed 000's order; empty when healthy
+  Evidence evidence;
+
+  bool healthy() const { return verdict == Verdict::kHealthy; }
+  /// A short, readable report (what `mixtrain doctor` prints).
+  std::string report() const;
+  /// {"verdict", "headline", "findings", "evidence", "fixes"} as JSON text.
+  std::string to_json() const;
+};
+
+/// The rules, on measurements alone (never on which model it is):
+/// unsupported > broken_in_fp32 > forward_overflow > gradient_overflow > underflow > healthy.
+Diagnosis decide(Evidence evidence);
+
+} // namespace mixtrain::diagnose

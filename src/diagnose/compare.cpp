@@ -1,0 +1,129 @@
+#include "mixtrain/diagnose/compare.h"
+
+#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/diagnose/gradient_health.h"
+#include "mixtrain/diagnose/input_check.h"
+#include "mixtrain/diagnose/overflow_trace.h"
+#include "mixtrain/learner.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace mixtrain::diagnose {
+
+RunEvidence summarize_run(Learner& learn, const std::string& precision) {
+  RunEvidence r;
+  r.precision = precision;
+  const auto& steps = learn.recorder().steps();
+  for (const auto& s : steps) {
+    r.losses.push_back(s.loss);
+    r.smooth_losses.push_back(s.smooth_loss);
+    r.scales.push_back(s.scale);
+    r.skipped.push_back(s.skipped);
+  }
+  const size_t head = std::min<size_t>(5, r.losses.size());
+  if (head > 0) r.first_loss = std::accumulate(r.losses.begin(), r.losses.begin() + head, 0.0) / head;
+  if (!learn.recorder().values().empty()) {
+    const EpochRecord& last = learn.recorder().values().back();
+    r.final_loss = last.train_loss;
+    r.valid_loss = last.valid_loss;
+    r.metrics = last.metrics;
+  }
+  r.metric_names = learn.recorder().metric_names();
+  r.scale = analyze_scale_history(steps);
+  if (auto mp = learn.get_cb<amp::MixedPrecision>()) r.emulated = mp->emulated();
+  return r;
+}
+
+namespace {
+
+void fit(Learner& learn, const CompareOptions& o) {
+  torch::manual_seed(o.seed());  // dropout and anything else drawing from the global generator
+  if (o.one_cycle())
+    learn.fit_one_cycle(o.epochs(), o.lr());
+  else
+    learn.fit(o.epochs(), o.lr());
+}
+
+/// A fixed batch for the diagnostic passes: the first samples, not the loader's
+/// shuffled order (drawing from the loader would change the runs' data order).
+data::Batch probe_batch(Learner& learn) {
+  const data::Dataset& ds = learn.dls().train.dataset();
+  const data::Dataset head = ds.head(std::max<int64_t>(1, learn.dls().train.options().batch_size()));
+  return {head.x, head.y};
+}
+
+} // namespace
+
+Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
+  TORCH_CHECK(o.dtype() == c10::ScalarType::Half || o.dtype() == c10::ScalarType::BFloat16,
+              "diagnose::compare: dtype must be Half or BFloat16, got ", o.dtype());
+  TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
+  Evidence ev;
+  const bool fp16 = o.dtype() == c10::ScalarType::Half;
+
+  torch::manual_seed(o.seed());
+  std::unique_ptr<Learner> baseline = make_learner();
+  TORCH_CHECK(baseline, "diagnose::compare: the learner factory returned nothing");
+  ev.inputs = check_inputs(baseline->dls().train.dataset().x);
+
+  // D first: nothing else needs to run when the precision cannot.
+  try {
+    amp::check_precision_supported(o.dtype(), baseline->device().type(), o.allow_fp16_emulation());
+  } catch (const c10::Error& e) {
+    ev.unsupported = e.what_without_backtrace();
+    ev.unsupported = ev.unsupported.substr(0, ev.unsupported.find('\n'));
+  } catch (const std::exception& e) {
+    ev.unsupported = e.what();
+  }
+  if (!ev.unsupported.empty()) return decide(std::move(ev));
+
+  // The initial weights, so that the mixed run starts exactly where the baseline did.
+  std::vector<torch::Tensor> initial;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : baseline->model().module().parameters()) initial.push_back(p.detach().clone());
+    for (const auto& b : baseline->model().module().buffers()) initial.push_back(b.detach().clone());
+  }
+
+  fit(*baseline, o);
+  ev.fp32 = summarize_run(*baseline, "fp32");
+
+  torch::manual_seed(o.seed());
+  std::unique_ptr<Learner> mixed = make_learner();
+  TORCH_CHECK(mixed, "diagnose::compare: the learner factory returned nothing");
+  {
+    torch::NoGradGuard no_grad;
+    auto params = mixed->model().module().parameters();
+    auto buffers = mixed->model().module().buffers();
+    TORCH_CHECK(params.size() + buffers.size() == initial.size(),
+                "diagnose::compare: the learner factory built two different models");
+    size_t i = 0;
+    for (auto& p : params) p.copy_(initial[i++]);
+    for (auto& b : buffers) b.copy_(initial[i++]);
+  }
+  if (fp16)
+    mixed->to_fp16(o.scaler(), o.allow_fp16_emulation());
+  else
+    mixed->to_bf16();
+
+  const data::Batch probe = probe_batch(*mixed);
+  // bf16 has fp32's exponent range: there is no fp16 overflow to trace.
+  if (fp16) ev.trace_start = trace_overflow(*mixed, probe);
+  fit(*mixed, o);
+  ev.mixed = summarize_run(*mixed, fp16 ? "fp16" : "bf16");
+  if (fp16) {
+    ev.trace_end = trace_overflow(*mixed, probe);
+    auto mp = mixed->mixed_precision();
+    ev.gradients = measure_gradients(*mixed, probe, mp ? mp->scaler().get_scale() : 1.0);
+  }
+  return decide(std::move(ev));
+}
+
+Diagnosis compare(const LearnerFactory& make_learner, int64_t epochs, double lr) {
+  return compare(make_learner, CompareOptions().epochs(epochs).lr(lr));
+}
+
+} // namespace mixtrain::diagnose

@@ -1,0 +1,343 @@
+#include "mixtrain/diagnose/diagnosis.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace mixtrain::diagnose {
+
+const char* to_string(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kHealthy: return "healthy";
+    case Verdict::kForwardOverflow: return "forward_overflow";
+    case Verdict::kGradientOverflow: return "gradient_overflow";
+    case Verdict::kUnderflow: return "underflow";
+    case Verdict::kUnsupported: return "unsupported";
+    case Verdict::kBrokenInFp32: return "broken_in_fp32";
+  }
+  return "unknown";
+}
+
+namespace {
+
+std::string num(double v, int precision = 4) {
+  std::ostringstream s;
+  s.precision(precision);
+  s << v;
+  return s.str();
+}
+
+std::string pct(double fraction) { return num(100 * fraction, 3) + "%"; }
+
+/// The loss both runs are compared on: validation when both have one, else train.
+std::pair<double, double> compared_losses(const RunEvidence& a, const RunEvidence& b) {
+  if (std::isfinite(a.valid_loss) && std::isfinite(b.valid_loss)) return {a.valid_loss, b.valid_loss};
+  return {a.final_loss, b.final_loss};
+}
+
+const OpFinding* first_overflow(const Evidence& e) {
+  if (e.trace_start && e.trace_start->first_overflow) return &*e.trace_start->first_overflow;
+  if (e.trace_end && e.trace_end->first_overflow) return &*e.trace_end->first_overflow;
+  return nullptr;
+}
+
+std::string overflow_sentence(const OpFinding& f) {
+  return "the fp16 forward pass overflows first at " + f.where() + ": outputs reach " +
+         (f.max_abs > kFp16Max ? num(f.max_abs) : std::string("inf")) + " (fp16 max 65504)" +
+         (f.nonfinite ? ", " + std::to_string(f.nonfinite) + " values inf/NaN" : "");
+}
+
+std::string scale_sentence(const ScaleAnalysis& s) {
+  std::string epochs;
+  for (size_t i = 0; i < s.skip_rate_per_epoch.size(); ++i) epochs += (i ? ", " : "") + pct(s.skip_rate_per_epoch[i]);
+  return std::to_string(s.skipped) + " of " + std::to_string(s.steps) + " steps skipped (" + pct(s.skip_rate) +
+         (s.settling_steps > 0 ? ", the first " + std::to_string(s.settling_steps) + " in a row" : std::string()) +
+         "; per epoch: " + epochs + "); loss scale " + num(s.initial_scale) + " -> " + num(s.final_scale) +
+         " (lowest " + num(s.min_scale) + ", " + std::to_string(s.backoffs) + " back-offs, longest skip run " +
+         std::to_string(s.longest_skip_run) + ")";
+}
+
+void add_input_findings(const Evidence& e, std::vector<std::string>& findings) {
+  if (!e.inputs) return;
+  for (const auto& f : e.inputs->findings) findings.push_back("input check: " + f);
+}
+
+} // namespace
+
+std::optional<double> Evidence::gap_percent() const {
+  if (!fp32 || !mixed) return std::nullopt;
+  const auto [base, run] = compared_losses(*fp32, *mixed);
+  if (!std::isfinite(base) || !std::isfinite(run) || base == 0) return std::nullopt;
+  return (run - base) / std::abs(base) * 100;
+}
+
+Diagnosis decide(Evidence e) {
+  Diagnosis d;
+  const RunEvidence* base = e.fp32 ? &*e.fp32 : nullptr;
+  const RunEvidence* mixed = e.mixed ? &*e.mixed : nullptr;
+  const std::string mixed_name = mixed ? mixed->precision : "mixed precision";
+  const std::optional<double> gap = e.gap_percent();
+  bool gap_said = false;  // the deciding evidence already states the gap
+
+  auto finish = [&](Verdict v, std::string headline, std::vector<std::string> fixes) {
+    d.verdict = v;
+    d.headline = std::move(headline);
+    d.fixes = std::move(fixes);
+    // Context that is not the deciding evidence but helps a reader.
+    if (base && mixed && gap && !gap_said) {
+      const auto [b, m] = compared_losses(*base, *mixed);
+      d.findings.push_back("final loss: fp32 " + num(b) + ", " + mixed_name + " " + num(m) + " (gap " + num(*gap, 3) +
+                           "%)");
+    }
+    if (mixed && mixed->scale.has_scale && v != Verdict::kGradientOverflow) d.findings.push_back(scale_sentence(mixed->scale));
+    if (e.gradients && v != Verdict::kUnderflow)
+      d.findings.push_back("gradients at scale " + num(e.gradients->scale) + ": " + pct(e.gradients->underflow) +
+                           " would flush to zero in fp16, " + pct(e.gradients->overflow) + " would overflow");
+    const OverflowTrace* t = e.trace_start ? &*e.trace_start : nullptr;
+    if (t && !t->at_risk.empty() && v != Verdict::kForwardOverflow)
+      d.findings.push_back("at risk (fp16 outputs above 2^14): " + t->at_risk.front().where() + " reaches " +
+                           num(t->at_risk.front().max_abs));
+    if (e.inputs)
+      for (const auto& f : e.inputs->findings)
+        if (std::find(d.findings.begin(), d.findings.end(), "input check: " + f) == d.findings.end())
+          d.findings.push_back("input check: " + f);
+    d.evidence = std::move(e);
+    return d;
+  };
+
+  // D: it cannot run at all.
+  if (!e.unsupported.empty()) {
+    d.findings.push_back(e.unsupported);
+    const bool bf16 = e.unsupported.find("bfloat16") != std::string::npos;
+    return finish(Verdict::kUnsupported, "unsupported: " + std::string(bf16 ? "bf16" : "fp16") +
+                                             " mixed precision cannot run on this device",
+                  bf16 ? std::vector<std::string>{"use to_fp16() (--precision fp16) or fp32 on this GPU; bf16 needs "
+                                                  "an Ampere or newer GPU"}
+                       : std::vector<std::string>{
+                             "train in bf16 (real CPU autocast, --precision bf16) or fp32 on this machine",
+                             "allow fp16 emulation (drop --no-emulation) to check fp16 safety on CPU",
+                             "run fp16 on a CUDA GPU for its speed-up"});
+  }
+
+  // The fp32 baseline first: if it fails, fp16 is not the cause.
+  if (base) {
+    const bool nonfinite = base->scale.nonfinite_losses > 0 || !std::isfinite(base->final_loss);
+    const bool learned = std::isfinite(base->first_loss) && std::isfinite(base->final_loss) &&
+                         base->final_loss < base->first_loss;
+    if (nonfinite || !learned) {
+      add_input_findings(e, d.findings);
+      if (nonfinite)
+        d.findings.push_back("the fp32 baseline fails too: " + std::to_string(base->scale.nonfinite_losses) +
+                             " NaN/Inf losses, the first at step " + std::to_string(base->scale.first_nonfinite_step));
+      else
+        d.findings.push_back("the fp32 baseline does not learn: loss " + num(base->first_loss) + " -> " +
+                             num(base->final_loss));
+      std::vector<std::string> fixes{"fix the model or the data first: fp16 is not the cause (fp32 fails the same way)"};
+      if (e.inputs && e.inputs->nonfinite) fixes.push_back("remove or impute the NaN/Inf values in the inputs");
+      if (e.inputs && e.inputs->unnormalized) fixes.push_back("normalize the inputs (mean 0, std 1)");
+      fixes.push_back("lower the learning rate if the loss diverges");
+      return finish(Verdict::kBrokenInFp32, "broken_in_fp32: the fp32 baseline fails too", fixes);
+    }
+  }
+
+  const ScaleAnalysis* s = mixed ? &mixed->scale : nullptr;
+  const OpFinding* overflow = first_overflow(e);
+  const bool nan_in_first_epoch = s && s->nonfinite_losses > 0 && s->first_nonfinite_epoch == 0;
+
+  // A: the forward pass overflows.
+  if (overflow || (nan_in_first_epoch && !s->collapsed)) {
+    if (overflow) d.findings.push_back(overflow_sentence(*overflow));
+    if (s && s->nonfinite_losses > 0)
+      d.findings.push_back(std::to_string(s->nonfinite_losses) + " " + mixed_name + " losses were NaN/Inf, the first at step " +
+                           std::to_string(s->first_nonfinite_step) + " (epoch " + std::to_string(s->first_nonfinite_epoch) + ")");
+    add_input_findings(e, d.findings);
+    std::vector<std::string> fixes;
+    fixes.push_back(e.inputs && e.inputs->unnormalized ? "normalize or scale the inputs: " + e.inputs->findings.back()
+                                                       : "normalize or scale the inputs (raw 0-255 pixels and unscaled "
+                                                         "tabular features are the usual culprits)");
+    fixes.push_back(overflow ? "fix the overflowing op, " + overflow->where() +
+                                   ": scale its inputs or weights down, or compute it in fp32 (large logits from an "
+                                   "unscaled layer, exp/pow in custom code, a custom loss casting to half)"
+                             : "fix the overflowing op (large logits from an unscaled layer, exp/pow in custom code, a "
+                               "custom loss casting to half)");
+    fixes.push_back("only then start the scaler lower (to_fp16 with init_scale 2^8, --init-scale 256): that helps when "
+                    "the scaled loss overflows, not when the forward pass does");
+    return finish(Verdict::kForwardOverflow, "forward_overflow: an fp16 activation overflows in the forward pass" +
+                                                 (overflow ? " at " + overflow->where() : std::string()),
+                  fixes);
+  }
+
+  // B: gradients keep overflowing; the back-off cannot outrun them.
+  if (s && s->has_scale && (s->collapsed || s->skip_rate_after_settling >= kSkipRateMost ||
+                            (s->nonfinite_losses > 0 && s->skip_rate > kSkipRateProblem))) {
+    d.findings.push_back(scale_sentence(*s));
+    if (s->collapsed)
+      d.findings.push_back("the loss scale collapsed (repeated back-off down to " + num(s->min_scale) + ")");
+    if (s->nonfinite_losses > 0)
+      d.findings.push_back(std::to_string(s->nonfinite_losses) + " losses were NaN/Inf mid-training, the first at step " +
+                           std::to_string(s->first_nonfinite_step));
+    if (e.gradients && e.gradients->overflow > 0)
+      d.findings.push_back(pct(e.gradients->overflow) + " of gradient elements overflow fp16 at scale " +
+                           num(e.gradients->scale) + " (largest in " + e.gradients->params.front().name + ")");
+    return finish(Verdict::kGradientOverflow,
+                  "gradient_overflow: gradients overflow fp16 on " + pct(s->skip_rate) + " of steps" +
+                      (s->collapsed ? " and the loss scale collapsed" : ""),
+                  {"lower the learning rate", "add gradient clipping (callbacks::GradientClip, --clip 1.0)",
+                   "or accept that this model is not fp16-safe: switch to bf16 (to_bf16, --precision bf16; no scaler, "
+                   "no overflow cliff) or back to fp32"});
+  }
+
+  // C: it runs, but learns less than fp32.
+  const bool gap_problem = gap && *gap > kGapPercentProblem;
+  const bool skip_problem = s && s->skip_rate > kSkipRateProblem;
+  const bool pinned = s && s->pinned_at_min_with_flat_loss;
+  const bool flushes = e.gradients && e.gradients->underflow > kUnderflowProblem;
+  if (gap_problem || skip_problem || pinned || flushes) {
+    if (gap_problem) {
+      const auto [b, m] = compared_losses(*base, *mixed);
+      d.findings.push_back(mixed_name + " plateaus above fp32: final loss " + num(m) + " vs " + num(b) + " (" +
+                           num(*gap, 3) + "% worse)");
+    }
+    if (e.gradients)
+      d.findings.push_back(pct(e.gradients->underflow) + " of nonzero gradient elements flush to zero in fp16 at scale " +
+                           num(e.gradients->scale) +
+                           (e.gradients->params.empty() ? std::string()
+                                                        : " (worst: " + e.gradients->params.front().name + ", " +
+                                                              pct(e.gradients->params.front().underflow) + ")"));
+    if (pinned) d.findings.push_back("the loss scale sits at its minimum while the loss is flat");
+    if (skip_problem) d.findings.push_back("too many skipped steps: " + pct(s->skip_rate) + " of the optimizer steps did nothing");
+    gap_said = gap_problem;
+    std::vector<std::string> fixes;
+    // Targeted fixes first, when the measurements point at the scaler itself;
+    // then seed 000's fix for C (bf16). The targeted ones go beyond the seed.
+    // When gradients flush and none overflows, the measured gradients say how far
+    // the scale can safely go up.
+    if (e.gradients && e.gradients->underflow > 0.01 && e.gradients->overflow == 0 && s && s->skipped == 0) {
+      double largest = 0;
+      for (const auto& p : e.gradients->params) largest = std::max(largest, p.max_abs);
+      if (largest > 0) {
+        const double safe = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
+        if (safe >= 4 * e.gradients->scale)
+          fixes.push_back("raise the loss scale: at " + num(e.gradients->scale) + " " + pct(e.gradients->underflow) +
+                          " of gradients flush to zero, and the largest gradient (" + num(largest) + ") leaves room up to " +
+                          num(safe) + " (to_fp16 init_scale, --init-scale)");
+      }
+    }
+    if (skip_problem && s->settling_steps * 2 >= s->skipped)
+      fixes.push_back("start the scaler lower: the first " + std::to_string(s->settling_steps) +
+                      " steps were skipped backing off from " + num(s->initial_scale) + " to " +
+                      num(s->settled_scale) + " (to_fp16 init_scale, --init-scale)");
+    else if (skip_problem)
+      fixes.push_back("if steps are skipped: lower the learning rate or clip gradients (--clip 1.0)");
+    fixes.push_back(
+        "this model needs fp32's range: prefer bf16 (to_bf16, --precision bf16: fp32's exponent range, half the "
+        "memory) over fighting the scaler");
+    fixes.push_back("or stay in fp32");
+    return finish(Verdict::kUnderflow,
+                  "underflow: " + mixed_name + " learns less than fp32" +
+                      (gap_problem ? " (final loss " + num(*gap, 3) + "% higher)" : std::string()),
+                  fixes);
+  }
+
+  return finish(Verdict::kHealthy,
+                "healthy: " + mixed_name + " trains like fp32" +
+                    (gap ? " (final loss within " + num(std::abs(*gap), 2) + "%)" : std::string()),
+                {});
+}
+
+namespace {
+
+nlohmann::json finding_json(const OpFinding& f) {
+  return {{"op", f.op}, {"module", f.module}, {"after_module", f.after_module}, {"where", f.where()},
+          {"max_abs", f.max_abs}, {"nonfinite", f.nonfinite}, {"fp16", f.fp16}, {"index", f.index}};
+}
+
+/// JSON has no NaN/Inf: they become null.
+nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+nlohmann::json trace_json(const OverflowTrace& t) {
+  nlohmann::json j{{"ops_traced", t.ops_traced}, {"input_nonfinite", t.input_nonfinite}, {"loss", number(t.loss)}};
+  j["first_overflow"] = t.first_overflow ? finding_json(*t.first_overflow) : nlohmann::json(nullptr);
+  j["first_fp32_nonfinite"] = t.first_fp32_nonfinite ? finding_json(*t.first_fp32_nonfinite) : nlohmann::json(nullptr);
+  j["at_risk"] = nlohmann::json::array();
+  for (size_t i = 0; i < std::min<size_t>(t.at_risk.size(), 5); ++i) j["at_risk"].push_back(finding_json(t.at_risk[i]));
+  return j;
+}
+
+nlohmann::json run_json(const RunEvidence& r) {
+  const ScaleAnalysis& s = r.scale;
+  nlohmann::json j{{"precision", r.precision},
+                   {"emulated", r.emulated},
+                   {"steps", s.steps},
+                   {"first_loss", number(r.first_loss)},
+                   {"final_loss", number(r.final_loss)},
+                   {"valid_loss", number(r.valid_loss)},
+                   {"nonfinite_losses", s.nonfinite_losses},
+                   {"first_nonfinite_step", s.first_nonfinite_step}};
+  for (size_t i = 0; i < r.metric_names.size() && i < r.metrics.size(); ++i) j[r.metric_names[i]] = number(r.metrics[i]);
+  if (s.has_scale)
+    j["scale_history"] = {{"skipped_steps", s.skipped},
+                          {"skip_rate", s.skip_rate},
+                          {"skip_rate_per_epoch", s.skip_rate_per_epoch},
+                          {"initial_scale", s.initial_scale},
+                          {"final_scale", s.final_scale},
+                          {"min_scale", s.min_scale},
+                          {"max_scale", s.max_scale},
+                          {"backoffs", s.backoffs},
+                          {"longest_skip_run", s.longest_skip_run},
+                          {"collapsed", s.collapsed},
+                          {"pinned_at_min_with_flat_loss", s.pinned_at_min_with_flat_loss}};
+  return j;
+}
+
+} // namespace
+
+std::string Diagnosis::to_json() const {
+  nlohmann::json ev = nlohmann::json::object();
+  const Evidence& e = evidence;
+  if (!e.unsupported.empty()) ev["unsupported"] = e.unsupported;
+  if (e.fp32) ev["fp32"] = run_json(*e.fp32);
+  if (e.mixed) ev["mixed"] = run_json(*e.mixed);
+  if (auto g = e.gap_percent()) ev["gap_percent"] = *g;
+  if (e.trace_start) ev["overflow_trace_initial_weights"] = trace_json(*e.trace_start);
+  if (e.trace_end) ev["overflow_trace_final_weights"] = trace_json(*e.trace_end);
+  if (const OpFinding* f = first_overflow(e)) ev["first_overflow"] = finding_json(*f);
+  if (e.gradients) {
+    nlohmann::json params = nlohmann::json::array();
+    for (size_t i = 0; i < std::min<size_t>(e.gradients->params.size(), 8); ++i) {
+      const auto& p = e.gradients->params[i];
+      params.push_back({{"name", p.name}, {"numel", p.numel}, {"nonzero", p.nonzero}, {"underflow", p.underflow},
+                        {"overflow", p.overflow}, {"max_abs", number(p.max_abs)}});
+    }
+    ev["gradient_health"] = {{"scale", e.gradients->scale}, {"underflow", e.gradients->underflow},
+                             {"overflow", e.gradients->overflow}, {"params_worst_first", params}};
+  }
+  if (e.inputs)
+    ev["inputs"] = {{"numel", e.inputs->numel}, {"nonfinite", e.inputs->nonfinite}, {"mean", number(e.inputs->mean)},
+                    {"std", number(e.inputs->std)}, {"min", number(e.inputs->min)}, {"max", number(e.inputs->max)},
+                    {"raw_pixels", e.inputs->raw_pixels}, {"unnormalized", e.inputs->unnormalized},
+                    {"findings", e.inputs->findings}};
+  nlohmann::json j{{"verdict", to_string(verdict)}, {"headline", headline}, {"findings", findings},
+                   {"evidence", ev}, {"fixes", fixes}};
+  return j.dump(2) + "\n";
+}
+
+std::string Diagnosis::report() const {
+  std::ostringstream out;
+  out << "verdict: " << to_string(verdict) << "\n  " << headline << "\n";
+  if (!findings.empty()) {
+    out << "evidence:\n";
+    for (const auto& f : findings) out << "  - " << f << "\n";
+  }
+  if (fixes.empty()) {
+    out << "fixes: none needed\n";
+  } else {
+    out << "fixes, in order:\n";
+    for (size_t i = 0; i < fixes.size(); ++i) out << "  " << i + 1 << ". " << fixes[i] << "\n";
+  }
+  return out.str();
+}
+
+} // namespace mixtrain::diagnose

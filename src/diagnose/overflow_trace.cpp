@@ -1,0 +1,216 @@
+// The overflow tracer: an OpObserver on the dispatcher mode that fp16 emulation
+// uses, so it sees every top-level op of a forward pass with real magnitudes.
+#include "mixtrain/diagnose/overflow_trace.h"
+
+#include "../amp/dispatch_mode.h"
+#include "mixtrain/amp/autocast.h"
+#include "mixtrain/amp/fp16_emulation.h"
+#include "mixtrain/learner.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace mixtrain::diagnose {
+
+std::string OpFinding::where() const {
+  if (!module.empty()) return module + " (" + op + ")";
+  if (!after_module.empty()) return op + " after " + after_module;
+  return op;
+}
+
+namespace {
+
+/// Autocast's fp32 list (CUDA): these run in fp32 whatever their inputs' dtype.
+bool runs_in_fp32_under_autocast(const std::string& name) {
+  static const std::unordered_set<std::string> kOps = {
+      "aten::acos", "aten::asin", "aten::cosh", "aten::erfinv", "aten::exp", "aten::expm1", "aten::log",
+      "aten::log10", "aten::log2", "aten::log1p", "aten::reciprocal", "aten::rsqrt", "aten::sinh", "aten::tan",
+      "aten::pow", "aten::softplus", "aten::layer_norm", "aten::native_layer_norm", "aten::group_norm",
+      "aten::norm", "aten::nuclear_norm", "aten::frobenius_norm", "aten::cosine_similarity",
+      "aten::poisson_nll_loss", "aten::cosine_embedding_loss", "aten::nll_loss", "aten::nll_loss2d",
+      "aten::nll_loss_nd", "aten::hinge_embedding_loss", "aten::kl_div", "aten::l1_loss", "aten::smooth_l1_loss",
+      "aten::huber_loss", "aten::mse_loss", "aten::margin_ranking_loss", "aten::multilabel_margin_loss",
+      "aten::soft_margin_loss", "aten::triplet_margin_loss", "aten::multi_margin_loss",
+      "aten::binary_cross_entropy_with_logits", "aten::cross_entropy_loss", "aten::dist", "aten::pdist",
+      "aten::cdist", "aten::renorm", "aten::logsumexp", "aten::softmax", "aten::log_softmax", "aten::_softmax",
+      "aten::_log_softmax", "aten::cumprod", "aten::cumsum", "aten::prod", "aten::sum", "aten::mean",
+      // Casts to float and ops on the loss side are fp32 by construction.
+      "aten::to", "aten::_to_copy", "aten::item", "aten::_local_scalar_dense"};
+  return kOps.count(name) > 0;
+}
+
+/// Ops that only move or reinterpret data: they carry a parameter's identity
+/// (autocast's cast of a weight) and an activation's dtype without computing.
+bool is_cast_or_view(const std::string& name) {
+  return name == "aten::to" || name == "aten::_to_copy" || name == "aten::t" || name == "aten::view" ||
+         name == "aten::reshape" || name == "aten::contiguous" || name == "aten::transpose";
+}
+
+struct OutputStats {
+  double max_abs = 0;
+  int64_t nonfinite = 0;
+  bool any_float = false;
+};
+
+OutputStats stats_of(c10::ArrayRef<c10::IValue> values) {
+  OutputStats s;
+  auto add = [&](const torch::Tensor& t) {
+    if (!t.defined() || !t.is_floating_point() || t.numel() == 0) return;
+    s.any_float = true;
+    const torch::Tensor f = t.detach().to(torch::kFloat);
+    const torch::Tensor finite = torch::isfinite(f);
+    s.nonfinite += f.numel() - finite.sum().item<int64_t>();
+    s.max_abs = std::max(s.max_abs, torch::where(finite, f.abs(), torch::zeros({}, f.options())).max().item<double>());
+  };
+  for (const auto& v : values) {
+    if (v.isTensor()) add(v.toTensor());
+    if (v.isTensorList())
+      for (const auto& t : v.toTensorVector()) add(t);
+  }
+  return s;
+}
+
+class Tracer : public amp::detail::OpObserver {
+ public:
+  explicit Tracer(torch::nn::Module& model) {
+    for (const auto& kv : model.named_parameters(/*recurse=*/true)) {
+      const std::string& name = kv.key();
+      const auto dot = name.rfind('.');
+      owner_[kv.value().unsafeGetTensorImpl()] = dot == std::string::npos ? "" : name.substr(0, dot);
+      keep_.push_back(kv.value());
+    }
+  }
+
+  void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs,
+             c10::ArrayRef<c10::IValue> results, bool in_fp16_list) override {
+    // Which module, and where the activations come from.
+    std::string module;
+    bool any_activation = false, all_activations_fp16 = true, inputs_finite = true;
+    for_each_tensor(inputs, [&](const torch::Tensor& t) {
+      auto it = owner_.find(t.unsafeGetTensorImpl());
+      if (it != owner_.end()) {
+        if (module.empty()) module = it->second;
+        return;
+      }
+      if (!t.is_floating_point()) return;
+      any_activation = true;
+      if (!fp16_.count(t.unsafeGetTensorImpl())) all_activations_fp16 = false;
+      if (inputs_finite && !torch::isfinite(t.detach()).all().item<bool>()) inputs_finite = false;
+    });
+
+    if (is_cast_or_view(name) && !module.empty()) {
+      // autocast's fp16 copy of a weight (or a view of one) still belongs to its module.
+      for_each_tensor(results, [&](const torch::Tensor& t) { remember(owner_, t, module); });
+      return;
+    }
+    const bool fp16 = in_fp16_list || (!runs_in_fp32_under_autocast(name) && any_activation && all_activations_fp16);
+    const OutputStats s = stats_of(outputs);
+    if (!s.any_float) return;
+    OpFinding f;
+    f.index = trace_.ops_traced++;
+    f.op = name;
+    f.module = module;
+    f.after_module = module.empty() ? last_module_ : "";
+    f.max_abs = s.max_abs;
+    f.nonfinite = s.nonfinite;
+    f.fp16 = fp16;
+    if (!module.empty()) last_module_ = module;
+    if (fp16)
+      for_each_tensor(results, [&](const torch::Tensor& t) {
+        fp16_.insert(t.unsafeGetTensorImpl());
+        keep_.push_back(t);  // keeps the address from being reused by another tensor during the pass
+      });
+
+    const bool made_nonfinite = s.nonfinite > 0 && inputs_finite;
+    if (fp16 && (s.max_abs > kFp16Max || made_nonfinite)) {
+      if (!trace_.first_overflow) trace_.first_overflow = f;
+    } else if (fp16 && s.max_abs > kAtRiskMagnitude) {
+      trace_.at_risk.push_back(f);
+    } else if (!fp16 && made_nonfinite && !trace_.first_fp32_nonfinite) {
+      trace_.first_fp32_nonfinite = f;
+    }
+  }
+
+  OverflowTrace result() {
+    std::sort(trace_.at_risk.begin(), trace_.at_risk.end(),
+              [](const OpFinding& a, const OpFinding& b) { return a.max_abs > b.max_abs; });
+    return trace_;
+  }
+
+ private:
+  template <typename F>
+  static void for_each_tensor(c10::ArrayRef<c10::IValue> values, F&& fn) {
+    for (const auto& v : values) {
+      if (v.isTensor() && v.toTensor().defined()) fn(v.toTensor());
+      if (v.isTensorList())
+        for (const auto& t : v.toTensorVector())
+          if (t.defined()) fn(t);
+    }
+  }
+  void remember(std::unordered_map<const c10::TensorImpl*, std::string>& map, const torch::Tensor& t,
+                const std::string& module) {
+    map[t.unsafeGetTensorImpl()] = module;
+    keep_.push_back(t);
+  }
+
+  std::unordered_map<const c10::TensorImpl*, std::string> owner_;
+  std::unordered_set<const c10::TensorImpl*> fp16_;
+  std::vector<torch::Tensor> keep_;
+  std::string last_module_;
+  OverflowTrace trace_;
+};
+
+/// Restores the observer and the trace mode on any exit.
+struct ObserveScope {
+  amp::detail::DispatchModeGuard mode{amp::detail::Mode::kOpTrace};
+  amp::detail::OpObserver* previous;
+  explicit ObserveScope(amp::detail::OpObserver* o) : previous(amp::detail::set_op_observer(o)) {}
+  ~ObserveScope() { amp::detail::set_op_observer(previous); }
+};
+
+} // namespace
+
+OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
+  torch::nn::Module& module = learn.model().module();
+  const torch::Device device = learn.device();
+  const torch::Tensor x = batch.x.to(device), y = batch.y.to(device);
+
+  // BatchNorm updates its running statistics in training mode: put them back after.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
+  for (auto& b : module.buffers(/*recurse=*/true)) buffers.emplace_back(b, b.clone());
+  const bool was_training = module.is_training();
+  module.train();
+
+  Tracer tracer(module);
+  OverflowTrace trace;
+  {
+    torch::NoGradGuard no_grad;
+    std::optional<amp::Fp16Emulation> emulation;
+    std::optional<amp::autocast> autocast;
+    if (device.is_cuda())
+      autocast.emplace(c10::DeviceType::CUDA, torch::kHalf);
+    else
+      emulation.emplace();
+    ObserveScope observe(&tracer);
+    torch::Tensor pred = learn.model().forward(x);
+    autocast.reset();
+    emulation.reset();
+    if (pred.is_floating_point()) pred = pred.to(torch::kFloat);  // the loss runs in fp32, as in training
+    torch::Tensor loss = learn.loss_fn()(pred, y);
+    trace = tracer.result();
+    trace.loss = loss.item<double>();
+  }
+  trace.input_nonfinite = x.is_floating_point() && !torch::isfinite(x).all().item<bool>();
+
+  torch::NoGradGuard no_grad;
+  for (auto& [live, saved] : buffers) live.copy_(saved);
+  module.train(was_training);
+  return trace;
+}
+
+} // namespace mixtrain::diagnose

@@ -1,0 +1,144 @@
+// The A/B protocol end to end on deliberately broken user-defined models: each
+// verdict must come from what the two runs measured.
+#include "test_util.h"
+
+#include <mixtrain/mixtrain.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace mixtrain;
+namespace nn = torch::nn;
+
+/// A small user-defined classifier: stem -> block(fc1, fc2) -> head.
+struct ClassifierImpl : nn::Module {
+  explicit ClassifierImpl(int64_t in = 4)
+      : stem(register_module("stem", nn::Linear(in, 16))),
+        fc1(register_module("fc1", nn::Linear(16, 16))),
+        fc2(register_module("fc2", nn::Linear(16, 16))),
+        head(register_module("head", nn::Linear(16, 3))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(stem(x));
+    x = torch::relu(fc2(torch::relu(fc1(x))));
+    return head(x);
+  }
+  nn::Linear stem, fc1, fc2, head;
+};
+TORCH_MODULE(Classifier);
+
+struct Scenario {
+  data::Dataset train = test::blobs(256, 3, 4, 1);
+  data::Dataset valid = test::blobs(128, 3, 4, 2);
+  std::function<void(Classifier&)> tweak_model = [](Classifier&) {};
+  LossFn loss = cross_entropy();
+};
+
+diagnose::LearnerFactory factory(const Scenario& s) {
+  return [s] {
+    Classifier net;
+    s.tweak_model(net);
+    auto dls = data::DataLoaders::from_split({s.train, s.valid}, 16, /*seed=*/7);
+    return std::make_unique<Learner>(Model(net), std::move(dls), s.loss, LearnerOptions().progress(false));
+  };
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& what) {
+  for (const auto& s : v)
+    if (s.find(what) != std::string::npos) return true;
+  return false;
+}
+
+class CompareTest : public test::SeededTest {};
+
+TEST_F(CompareTest, HealthyModelIsHealthyWithIdenticalStartsAndData) {
+  const auto d = diagnose::compare(factory(Scenario{}), diagnose::CompareOptions().epochs(2).lr(1e-2));
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kHealthy) << d.report();
+  const auto& e = d.evidence;
+  ASSERT_TRUE(e.fp32 && e.mixed);
+  EXPECT_EQ(e.fp32->losses.size(), 32u);
+  EXPECT_EQ(e.mixed->losses.size(), 32u);
+  // Same weights, same first batch: the first losses agree to fp16 rounding.
+  EXPECT_NEAR(e.fp32->losses[0], e.mixed->losses[0], 2e-3);
+  EXPECT_EQ(e.mixed->scale.skipped, 0);
+  EXPECT_TRUE(e.mixed->emulated);
+  EXPECT_LT(std::abs(*e.gap_percent()), 10.0);
+  EXPECT_FALSE(e.trace_start->first_overflow.has_value());
+}
+
+TEST_F(CompareTest, OverflowingLayerGivesForwardOverflowAndNamesIt) {
+  Scenario s;
+  s.tweak_model = [](Classifier& net) {
+    torch::NoGradGuard g;
+    net->fc1->weight.mul_(1e5);  // fc1's activations reach ~3e5
+    net->fc2->weight.div_(1e5);  // and fc2 brings them back: fp32 trains fine
+  };
+  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-2));
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kForwardOverflow) << d.report();
+  ASSERT_TRUE(d.evidence.trace_start && d.evidence.trace_start->first_overflow);
+  EXPECT_EQ(d.evidence.trace_start->first_overflow->module, "fc1");
+  EXPECT_GT(d.evidence.trace_start->first_overflow->max_abs, diagnose::kFp16Max);
+  EXPECT_NE(d.headline.find("fc1 (aten::addmm)"), std::string::npos) << d.headline;
+  EXPECT_GT(d.evidence.mixed->scale.nonfinite_losses, 0);
+  EXPECT_EQ(d.evidence.fp32->scale.nonfinite_losses, 0);
+}
+
+TEST_F(CompareTest, TinyLossScaleGivesUnderflow) {
+  // The loss scale 2^-20: scaled gradients fall below fp16's smallest subnormal.
+  const auto d = diagnose::compare(
+      factory(Scenario{}),
+      diagnose::CompareOptions().epochs(2).lr(1e-2).scaler(amp::GradScalerOptions().init_scale(std::ldexp(1.0, -20))));
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kUnderflow) << d.report();
+  ASSERT_TRUE(d.evidence.gradients);
+  EXPECT_GT(d.evidence.gradients->underflow, 0.5);
+  EXPECT_GT(*d.evidence.gap_percent(), 10.0);
+  EXPECT_TRUE(contains(d.findings, "flush to zero"));
+  EXPECT_EQ(d.evidence.mixed->scale.skipped, 0);  // nothing overflowed: it just learned nothing
+}
+
+TEST_F(CompareTest, GradientsOverflowingOnMostStepsGiveGradientOverflow) {
+  // A custom loss weighted 1e8: harmless in fp32 (AdamW is scale-invariant), but
+  // its gradients exceed 65504 until the scale has backed off ~2^22.
+  Scenario s;
+  s.loss = [](const torch::Tensor& pred, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(pred, y) * 1e8; };
+  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(2).lr(1e-2));
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kGradientOverflow) << d.report();
+  const auto& sc = d.evidence.mixed->scale;
+  EXPECT_TRUE(sc.collapsed);
+  EXPECT_LE(sc.min_scale, 1.0);
+  EXPECT_GT(sc.skip_rate, 0.3);
+  EXPECT_TRUE(contains(d.findings, "steps skipped"));
+  EXPECT_TRUE(contains(d.findings, "collapsed"));
+  EXPECT_FALSE(d.evidence.trace_start->first_overflow.has_value());  // the forward pass is fine
+}
+
+TEST_F(CompareTest, NanInTheDataIsBrokenInFp32WithAnInputFinding) {
+  Scenario s;
+  s.train.x = s.train.x.clone();
+  s.train.x.slice(0, 0, 256, 10).select(1, 0).fill_(NAN);  // every 10th sample
+  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-2));
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kBrokenInFp32) << d.report();
+  EXPECT_TRUE(contains(d.findings, "26 of 1024 input values are NaN or Inf"));
+  EXPECT_TRUE(contains(d.fixes, "remove or impute"));
+}
+
+TEST_F(CompareTest, RawPixelInputsAreFlaggedInTheEvidence) {
+  Scenario s;
+  s.train.x = (s.train.x * 40 + 128).round().clamp(0, 255);  // 0-255 integers, as raw pixels
+  s.valid.x = (s.valid.x * 40 + 128).round().clamp(0, 255);
+  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-3));
+  ASSERT_TRUE(d.evidence.inputs);
+  EXPECT_TRUE(d.evidence.inputs->raw_pixels);
+  EXPECT_TRUE(contains(d.findings, "raw 0-255 pixels")) << d.report();
+  const auto j = nlohmann::json::parse(d.to_json());
+  EXPECT_TRUE(j.at("evidence").at("inputs").at("raw_pixels").get<bool>());
+}
+
+TEST_F(CompareTest, Fp16WithEmulationForbiddenIsUnsupported) {
+  const auto d = diagnose::compare(factory(Scenario{}), diagnose::CompareOptions().allow_fp16_emulation(false));
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kUnsupported);
+  EXPECT_FALSE(d.evidence.fp32.has_value());  // nothing was trained
+  EXPECT_TRUE(contains(d.fixes, "bf16"));
+}
+
+} // namespace

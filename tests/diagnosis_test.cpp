@@ -1,0 +1,154 @@
+// The verdict rules on synthetic evidence: their order, their thresholds, the
+// fixes in seed 000's order, and the JSON.
+#include "test_util.h"
+
+#include <mixtrain/diagnose/diagnosis.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace mixtrain::diagnose;
+
+RunEvidence run(const std::string& precision, double first, double final_loss) {
+  RunEvidence r;
+  r.precision = precision;
+  r.first_loss = first;
+  r.final_loss = final_loss;
+  r.valid_loss = final_loss;
+  r.scale.steps = 100;
+  return r;
+}
+
+Evidence healthy_pair() {
+  Evidence e;
+  e.fp32 = run("fp32", 2.3, 0.50);
+  e.mixed = run("fp16", 2.3, 0.51);
+  e.mixed->scale.has_scale = true;
+  e.mixed->scale.initial_scale = e.mixed->scale.final_scale = e.mixed->scale.min_scale = 65536;
+  return e;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& what) {
+  for (const auto& s : v)
+    if (s.find(what) != std::string::npos) return true;
+  return false;
+}
+
+TEST(DiagnosisTest, HealthyWhenTheGapIsSmallAndNothingSkips) {
+  const Diagnosis d = decide(healthy_pair());
+  EXPECT_EQ(d.verdict, Verdict::kHealthy);
+  EXPECT_TRUE(d.fixes.empty());
+  EXPECT_NE(d.headline.find("within 2%"), std::string::npos) << d.headline;
+  EXPECT_NE(d.report().find("fixes: none needed"), std::string::npos);
+}
+
+TEST(DiagnosisTest, UnsupportedComesFirst) {
+  Evidence e = healthy_pair();
+  e.unsupported = "Unsupported GPU for bfloat16 mixed precision training";
+  const Diagnosis d = decide(e);
+  EXPECT_EQ(d.verdict, Verdict::kUnsupported);
+  EXPECT_NE(d.fixes.at(0).find("to_fp16()"), std::string::npos);
+}
+
+TEST(DiagnosisTest, BrokenInFp32BeatsEveryFp16Finding) {
+  Evidence e = healthy_pair();
+  e.fp32->scale.nonfinite_losses = 3;
+  e.fp32->scale.first_nonfinite_step = 7;
+  e.trace_start = OverflowTrace{};
+  e.trace_start->first_overflow = OpFinding{0, "aten::linear", "fc1", "", 1e5, 0, true};
+  InputReport inputs;
+  inputs.nonfinite = 4;
+  inputs.findings = {"4 of 40 input values are NaN or Inf: clean or impute the data"};
+  e.inputs = inputs;
+  const Diagnosis d = decide(e);
+  EXPECT_EQ(d.verdict, Verdict::kBrokenInFp32);
+  EXPECT_TRUE(contains(d.findings, "input values are NaN or Inf"));
+  EXPECT_TRUE(contains(d.findings, "the first at step 7"));
+  EXPECT_TRUE(contains(d.fixes, "remove or impute the NaN/Inf"));
+  // A baseline that does not learn is broken too.
+  Evidence flat = healthy_pair();
+  flat.fp32->final_loss = flat.fp32->first_loss;
+  EXPECT_EQ(decide(flat).verdict, Verdict::kBrokenInFp32);
+}
+
+TEST(DiagnosisTest, ForwardOverflowNamesTheOpAndOrdersTheFixes) {
+  Evidence e = healthy_pair();
+  e.trace_start = OverflowTrace{};
+  e.trace_start->first_overflow = OpFinding{3, "aten::linear", "body.2.fc1", "", 123456, 0, true};
+  // Its NaNs also collapse the scale: the forward overflow is still the cause.
+  e.mixed->scale.collapsed = true;
+  e.mixed->scale.skip_rate = 1.0;
+  const Diagnosis d = decide(e);
+  EXPECT_EQ(d.verdict, Verdict::kForwardOverflow);
+  EXPECT_NE(d.headline.find("body.2.fc1 (aten::linear)"), std::string::npos) << d.headline;
+  EXPECT_TRUE(contains(d.findings, "outputs reach 1.235e+05"));
+  ASSERT_EQ(d.fixes.size(), 3u);
+  EXPECT_NE(d.fixes[0].find("normalize"), std::string::npos);
+  EXPECT_NE(d.fixes[1].find("fix the overflowing op, body.2.fc1"), std::string::npos);
+  EXPECT_NE(d.fixes[2].find("init_scale"), std::string::npos);
+  // NaN losses in the first epoch without a traced op are forward overflow too (seed's A).
+  Evidence nan_early = healthy_pair();
+  nan_early.mixed->scale.nonfinite_losses = 2;
+  nan_early.mixed->scale.first_nonfinite_epoch = 0;
+  EXPECT_EQ(decide(nan_early).verdict, Verdict::kForwardOverflow);
+}
+
+TEST(DiagnosisTest, GradientOverflowOnCollapseOrMostStepsSkipped) {
+  Evidence e = healthy_pair();
+  e.mixed->scale.collapsed = true;
+  e.mixed->scale.skipped = 30;
+  e.mixed->scale.skip_rate = 0.3;
+  e.mixed->scale.skip_rate_per_epoch = {0.5, 0.1};
+  e.mixed->scale.min_scale = 0.25;
+  Diagnosis d = decide(e);
+  EXPECT_EQ(d.verdict, Verdict::kGradientOverflow);
+  EXPECT_TRUE(contains(d.findings, "30 of 100 steps skipped (30%; per epoch: 50%, 10%)"));
+  EXPECT_TRUE(contains(d.findings, "collapsed"));
+  EXPECT_NE(d.fixes[0].find("lower the learning rate"), std::string::npos);
+  EXPECT_NE(d.fixes[1].find("clipping"), std::string::npos);
+  EXPECT_NE(d.fixes[2].find("bf16"), std::string::npos);
+  Evidence most = healthy_pair();
+  most.mixed->scale.skip_rate = most.mixed->scale.skip_rate_after_settling = 0.6;
+  EXPECT_EQ(decide(most).verdict, Verdict::kGradientOverflow);
+}
+
+TEST(DiagnosisTest, UnderflowOnAGapSkipsPinnedScaleOrFlushedGradients) {
+  Evidence gap = healthy_pair();
+  gap.mixed->final_loss = gap.mixed->valid_loss = 0.60;  // 20% above fp32
+  Diagnosis d = decide(gap);
+  EXPECT_EQ(d.verdict, Verdict::kUnderflow);
+  EXPECT_TRUE(contains(d.findings, "20% worse"));
+  EXPECT_NE(d.fixes[0].find("prefer bf16"), std::string::npos);
+  // 10% is the boundary: a 9% gap is within fp16 noise.
+  Evidence small = healthy_pair();
+  small.mixed->final_loss = small.mixed->valid_loss = 0.545;
+  EXPECT_EQ(decide(small).verdict, Verdict::kHealthy);
+
+  Evidence skips = healthy_pair();
+  skips.mixed->scale.skip_rate = 0.08;
+  EXPECT_EQ(decide(skips).verdict, Verdict::kUnderflow);
+  EXPECT_TRUE(contains(decide(skips).findings, "too many skipped steps"));
+
+  Evidence flushed = healthy_pair();
+  flushed.gradients = GradientHealth{};
+  flushed.gradients->scale = 1e-6;
+  flushed.gradients->underflow = 0.9;
+  EXPECT_EQ(decide(flushed).verdict, Verdict::kUnderflow);
+}
+
+TEST(DiagnosisTest, JsonHasVerdictEvidenceAndFixes) {
+  Evidence e = healthy_pair();
+  e.mixed->final_loss = e.mixed->valid_loss = 0.75;
+  e.mixed->valid_loss = NAN;  // not representable in JSON: null, and train loss is compared
+  e.fp32->valid_loss = NAN;
+  const nlohmann::json j = nlohmann::json::parse(decide(e).to_json());
+  EXPECT_EQ(j.at("verdict"), "underflow");
+  EXPECT_TRUE(j.at("fixes").is_array());
+  EXPECT_FALSE(j.at("fixes").empty());
+  EXPECT_TRUE(j.at("evidence").at("mixed").at("valid_loss").is_null());
+  EXPECT_NEAR(j.at("evidence").at("gap_percent").get<double>(), 50.0, 1e-9);
+  EXPECT_EQ(j.at("evidence").at("mixed").at("scale_history").at("initial_scale"), 65536);
+}
+
+} // namespace

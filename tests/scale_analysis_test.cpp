@@ -1,0 +1,126 @@
+// Scale-history analysis (skip rate per epoch, collapse, pinned minimum with a
+// flat loss) and the end-of-fit warning fastai never gives.
+#include "test_util.h"
+
+#include <mixtrain/mixtrain.h>
+
+namespace {
+
+using namespace mixtrain;
+class ScaleAnalysisTest : public test::SeededTest {};
+
+std::vector<StepRecord> history(const std::vector<double>& scales, const std::vector<bool>& skipped,
+                                int64_t steps_per_epoch, double loss = 1.0) {
+  std::vector<StepRecord> steps;
+  for (size_t i = 0; i < scales.size(); ++i) {
+    StepRecord s;
+    s.iter = static_cast<int64_t>(i);
+    s.epoch = static_cast<int64_t>(i) / steps_per_epoch;
+    s.loss = s.smooth_loss = loss;
+    s.scale = scales[i];
+    s.skipped = skipped[i];
+    steps.push_back(s);
+  }
+  return steps;
+}
+
+TEST_F(ScaleAnalysisTest, SkipRatePerEpochAndBackoffs) {
+  // Epoch 0: skip at steps 0 and 2 (scale halves after each); epoch 1: clean.
+  const auto a = diagnose::analyze_scale_history(
+      history({65536, 32768, 32768, 16384, 16384, 16384, 16384, 16384}, {true, false, true, false, false, false, false, false}, 4));
+  EXPECT_EQ(a.steps, 8);
+  EXPECT_EQ(a.skipped, 2);
+  EXPECT_DOUBLE_EQ(a.skip_rate, 0.25);
+  ASSERT_EQ(a.skip_rate_per_epoch.size(), 2u);
+  EXPECT_DOUBLE_EQ(a.skip_rate_per_epoch[0], 0.5);
+  EXPECT_DOUBLE_EQ(a.skip_rate_per_epoch[1], 0.0);
+  EXPECT_EQ(a.backoffs, 2);
+  EXPECT_EQ(a.initial_scale, 65536);
+  EXPECT_EQ(a.final_scale, 16384);
+  EXPECT_EQ(a.longest_skip_run, 1);
+  EXPECT_EQ(a.settling_steps, 1);
+  EXPECT_DOUBLE_EQ(a.skip_rate_after_settling, 1.0 / 7);
+  EXPECT_FALSE(a.collapsed);
+  EXPECT_TRUE(a.has_scale);
+}
+
+TEST_F(ScaleAnalysisTest, RepeatedBackoffToTinyScalesIsACollapse) {
+  std::vector<double> scales;
+  std::vector<bool> skipped;
+  for (int i = 0; i < 20; ++i) {
+    scales.push_back(std::ldexp(1.0, 16 - i));
+    skipped.push_back(true);
+  }
+  const auto a = diagnose::analyze_scale_history(history(scales, skipped, 10));
+  EXPECT_TRUE(a.collapsed);
+  EXPECT_EQ(a.longest_skip_run, 20);
+  EXPECT_LE(a.min_scale, 1.0);
+  EXPECT_NE(diagnose::fit_warning(a).find("likely gradient_overflow"), std::string::npos) << diagnose::fit_warning(a);
+}
+
+TEST_F(ScaleAnalysisTest, BackingOffFromATooHighInitialScaleIsSettlingNotCollapse) {
+  // 2^40 down to 2^30 in ten skipped steps, then clean: the scaler found its level.
+  std::vector<double> scales;
+  std::vector<bool> skipped;
+  for (int i = 0; i < 40; ++i) {
+    scales.push_back(std::ldexp(1.0, std::max(30, 40 - i)));
+    skipped.push_back(i < 10);
+  }
+  const auto a = diagnose::analyze_scale_history(history(scales, skipped, 20));
+  EXPECT_FALSE(a.collapsed);
+  EXPECT_EQ(a.settling_steps, 10);
+  EXPECT_DOUBLE_EQ(a.skip_rate_after_settling, 0.0);
+  const std::string w = diagnose::fit_warning(a);
+  EXPECT_NE(w.find("likely underflow"), std::string::npos) << w;
+  EXPECT_NE(w.find("10 of them were the first steps"), std::string::npos) << w;
+}
+
+TEST_F(ScaleAnalysisTest, PinnedAtMinimumWithFlatLoss) {
+  std::vector<double> scales(40, 1024.0);
+  scales[0] = 65536;
+  const auto flat = diagnose::analyze_scale_history(history(scales, std::vector<bool>(40, false), 20, 0.9));
+  EXPECT_TRUE(flat.pinned_at_min_with_flat_loss);
+  // The same scales with a falling loss are not pinned-and-flat.
+  auto learning = history(scales, std::vector<bool>(40, false), 20);
+  for (size_t i = 0; i < learning.size(); ++i) learning[i].smooth_loss = 2.0 - 0.04 * i;
+  EXPECT_FALSE(diagnose::analyze_scale_history(learning).pinned_at_min_with_flat_loss);
+}
+
+TEST_F(ScaleAnalysisTest, NonFiniteLossesAndNoScaler) {
+  auto steps = history(std::vector<double>(6, NAN), std::vector<bool>(6, false), 3);
+  steps[4].loss = NAN;
+  const auto a = diagnose::analyze_scale_history(steps);
+  EXPECT_FALSE(a.has_scale);
+  EXPECT_EQ(a.nonfinite_losses, 1);
+  EXPECT_EQ(a.first_nonfinite_step, 4);
+  EXPECT_EQ(a.first_nonfinite_epoch, 1);
+  EXPECT_EQ(diagnose::fit_warning(a), "");  // no scaler, no skip warning
+}
+
+TEST_F(ScaleAnalysisTest, FitWarnsAboveFivePercentSkippedAndStaysSilentBelow) {
+  auto ds = test::blobs(160, 3, 4);
+  auto make = [&] {
+    auto dls = data::DataLoaders(data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)),
+                                 data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)));
+    return std::make_unique<Learner>(Model(torch::nn::Linear(4, 3)), std::move(dls), cross_entropy(),
+                                     LearnerOptions().progress(false));
+  };
+  // 10 steps with 1 overflow = 10% > 5%: a warning naming the verdict.
+  auto learn = make();
+  learn->to_fp16(amp::GradScalerOptions().init_scale(256));  // low enough that nothing overflows by itself
+  learn->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
+  const std::string w = learn->mixed_precision()->fit_warning();
+  EXPECT_NE(w.find("1 of 10 steps (10%) were skipped"), std::string::npos) << w;
+  EXPECT_NE(w.find("likely underflow"), std::string::npos) << w;
+  // The next fit without overflow is judged on its own steps: silent.
+  learn->fit(2, 1e-2);
+  EXPECT_EQ(learn->mixed_precision()->fit_warning(), "");
+  // 1 of 20 = 5% is not above the threshold.
+  auto quiet = make();
+  quiet->to_fp16(amp::GradScalerOptions().init_scale(256));
+  quiet->fit(2, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
+  EXPECT_EQ(quiet->mixed_precision()->skipped_steps(), 1);
+  EXPECT_EQ(quiet->mixed_precision()->fit_warning(), "");
+}
+
+} // namespace

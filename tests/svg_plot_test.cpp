@@ -1,0 +1,69 @@
+// The SVG writer behind the doctor's charts: ticks, NaN gaps, log2 axis, escaping.
+#include "test_util.h"
+
+#include <mixtrain/diagnose/plots.h>
+#include <mixtrain/diagnose/svg_plot.h>
+
+#include <regex>
+
+namespace {
+
+using namespace mixtrain::diagnose;
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+void expect_ticks(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+}
+
+TEST(SvgPlotTest, NiceTicksUseOneTwoFiveSteps) {
+  expect_ticks(nice_ticks(0, 1, 5), {0, 0.2, 0.4, 0.6, 0.8, 1.0});
+  expect_ticks(nice_ticks(0.3, 2.6, 5), {0.5, 1.0, 1.5, 2.0, 2.5});
+  expect_ticks(nice_ticks(0, 230, 6), {0, 50, 100, 150, 200});
+  EXPECT_EQ(nice_ticks(3, 3), std::vector<double>{3});
+  EXPECT_TRUE(nice_ticks(NAN, 1).empty());
+}
+
+TEST(SvgPlotTest, WellFormedWithLegendAxesAndBrokenLines) {
+  PlotSeries s{"fp16 <loss> & co", {0, 1, 2, 3, 4}, {1.0, 0.8, NAN, 0.5, 0.4}, "#ff7f0e", true, false};
+  const std::string svg = line_plot_svg({s}, {"Title", "step", "loss", false});
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("fp16 &lt;loss&gt; &amp; co"), std::string::npos);  // escaped legend text
+  EXPECT_EQ(svg.find("<loss>"), std::string::npos);
+  EXPECT_EQ(count(svg, "<polyline"), 2);  // the NaN splits the line
+  EXPECT_EQ(count(svg, "<svg"), count(svg, "</svg>"));
+  EXPECT_EQ(svg.find("nan"), std::string::npos);  // no NaN coordinates leak into the document
+  EXPECT_EQ(svg.find("inf"), std::string::npos);
+}
+
+TEST(SvgPlotTest, Log2AxisTicksArePowersOfTwoAndMarkersAreDrawn) {
+  PlotSeries scale{"scale", {0, 1, 2, 3}, {65536, 32768, 32768, 65536}, "#2ca02c", true, false};
+  PlotSeries skips{"skipped", {0, 1, 2, 3}, {65536, NAN, NAN, NAN}, "#d62728", false, true};
+  const std::string svg = line_plot_svg({scale, skips}, {"Scale", "step", "scale", true});
+  EXPECT_NE(svg.find(">2^16<"), std::string::npos);
+  EXPECT_NE(svg.find(">2^15<"), std::string::npos);
+  EXPECT_EQ(count(svg, "<circle") - 1, 1);  // one skip marker (+1 legend marker)
+}
+
+TEST(SvgPlotTest, EmptyPlotSaysNoData) {
+  const std::string svg = line_plot_svg({}, {"Nothing", "x", "y", false});
+  EXPECT_NE(svg.find("no data"), std::string::npos);
+}
+
+TEST(SvgPlotTest, ScaleHistoryMarksEverySkippedStep) {
+  RunEvidence r;
+  r.precision = "fp16";
+  r.scales = {65536, 32768, 32768, 16384, 16384};
+  r.skipped = {true, false, true, false, false};
+  const std::string svg = scale_history_svg(r);
+  EXPECT_NE(svg.find("skipped step (2)"), std::string::npos);
+  EXPECT_EQ(count(svg, "<circle"), 2 + 1);
+}
+
+} // namespace
