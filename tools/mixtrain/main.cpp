@@ -206,7 +206,8 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
       ->capture_default_str();
 }
 
-void validate(const TrainArgs& a) {
+/// `check_precision`: false for doctor, where an unsupported precision is a verdict, not a flag error.
+void validate(const TrainArgs& a, bool check_precision = true) {
   if (!(a.lr > 0) || !std::isfinite(a.lr)) throw UsageError("invalid --lr " + format_number(a.lr) + ": must be > 0");
   if (a.bs < 1) throw UsageError("invalid --bs " + std::to_string(a.bs) + ": must be >= 1");
   if (a.epochs < 1) throw UsageError("invalid --epochs " + std::to_string(a.epochs) + ": must be >= 1");
@@ -236,7 +237,7 @@ void validate(const TrainArgs& a) {
   // The scaler and the precision check throw c10::Error; main() reports those as
   // one-line flag errors like UsageError, before any work is done.
   mixtrain::amp::GradScaler check_scaler_options(a.scaler);
-  if (a.precision == "fp16" || a.precision == "bf16")
+  if (check_precision && (a.precision == "fp16" || a.precision == "bf16"))
     mixtrain::amp::check_precision_supported(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16, torch::kCPU,
                                              !a.no_emulation);
   if (!fs::is_directory(a.data)) throw UsageError("data directory not found: " + a.data);
@@ -256,17 +257,23 @@ void prepare_out_dir(const std::string& out) {
   fs::remove(probe, ec);
 }
 
+/// Loads the training split the flags ask for; data problems are one-line errors.
+mixtrain::data::DatasetSplit load_split(const TrainArgs& a) {
+  auto split = mixtrain::data::fashion_mnist(a.data);
+  if (a.limit > 0) split.train = split.train.head(a.limit);
+  if (split.train.size() < a.bs)
+    throw UsageError("the training set (" + std::to_string(split.train.size()) + " images) is smaller than --bs " +
+                     std::to_string(a.bs));
+  return split;
+}
+
 int run_train(TrainArgs a) {
   validate(a);
   const int threads = mixtrain::configure_threads(a.threads);
   torch::manual_seed(a.seed);
 
   // Data problems are reported before the run directory is created.
-  auto split = mixtrain::data::fashion_mnist(a.data);
-  if (a.limit > 0) split.train = split.train.head(a.limit);
-  if (split.train.size() < a.bs)
-    throw UsageError("the training set (" + std::to_string(split.train.size()) + " images) is smaller than --bs " +
-                     std::to_string(a.bs));
+  const auto split = load_split(a);
   std::string checkpoint;
   if (!a.resume.empty()) {
     checkpoint = mixtrain::callbacks::Checkpointer::latest(a.out);
@@ -342,6 +349,57 @@ int run_train(TrainArgs a) {
   return 0;
 }
 
+/// `mixtrain doctor`: seed 000's A/B protocol on the CLI models, a verdict,
+/// OUT/diagnosis.json and two SVG charts. Exit 0 healthy, 1 problem found.
+int run_doctor(TrainArgs a) {
+  validate(a, /*check_precision=*/false);
+  if (a.precision != "fp16" && a.precision != "bf16")
+    throw UsageError("doctor compares fp32 with fp16 or bf16 autocast; pass --precision fp16 (default) or bf16, not " +
+                     a.precision);
+  const int threads = mixtrain::configure_threads(a.threads);
+  const auto split = load_split(a);
+  if (a.out.empty()) a.out = "runs/doctor-" + timestamp();
+  prepare_out_dir(a.out);
+
+  int built = 0;
+  mixtrain::diagnose::LearnerFactory factory = [&]() {
+    std::cout << (built++ == 0 ? "doctor: 1/2 fp32 baseline" : "doctor: 2/2 " + a.precision + " run, same seed, "
+                                                                "weights and data order") << std::endl;
+    auto learn = std::make_unique<mixtrain::Learner>(
+        mixtrain::models::by_name(a.model), mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed),
+        mixtrain::cross_entropy(), mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}));
+    if (a.clip > 0) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
+    if (a.accum > 1) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
+    return learn;
+  };
+  std::cout << "mixtrain doctor: model " << a.model << ", " << split.train.size() << " train images, " << a.epochs
+            << " epoch(s), lr " << a.lr << ", bs " << a.bs << ", fp32 vs " << a.precision << ", " << threads
+            << " thread(s)" << std::endl;
+  const auto d = mixtrain::diagnose::compare(
+      factory, mixtrain::diagnose::CompareOptions()
+                   .epochs(a.epochs)
+                   .lr(a.lr)
+                   .dtype(a.precision == "fp16" ? torch::kHalf : torch::kBFloat16)
+                   .scaler(a.scaler)
+                   .allow_fp16_emulation(!a.no_emulation)
+                   .seed(a.seed));
+
+  mixtrain::write_file_atomically(a.out + "/diagnosis.json", d.to_json());
+  std::vector<std::string> written{a.out + "/diagnosis.json"};
+  if (d.evidence.fp32 || d.evidence.mixed) {
+    mixtrain::write_file_atomically(a.out + "/loss.svg", mixtrain::diagnose::loss_curves_svg(d.evidence));
+    written.push_back(a.out + "/loss.svg");
+  }
+  if (d.evidence.mixed && d.evidence.mixed->scale.has_scale) {
+    mixtrain::write_file_atomically(a.out + "/scale.svg", mixtrain::diagnose::scale_history_svg(*d.evidence.mixed));
+    written.push_back(a.out + "/scale.svg");
+  }
+  std::cout << "\n" << d.report() << "written:";
+  for (const auto& w : written) std::cout << " " << w;
+  std::cout << std::endl;
+  return d.healthy() ? 0 : 1;
+}
+
 /// First line of an exception message (c10::Error's backtrace is not for users).
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
@@ -353,6 +411,14 @@ int main(int argc, char** argv) {
   TrainArgs train_args;
   CLI::App* train = app.add_subcommand("train", "Train a model on Fashion-MNIST with fit_one_cycle");
   add_train_flags(*train, train_args);
+  TrainArgs doctor_args;
+  doctor_args.precision = "fp16";
+  CLI::App* doctor = app.add_subcommand(
+      "doctor",
+      "Diagnose mixed precision: an fp32 baseline and an fp16 (or bf16) run with the same seed, weights, data "
+      "order and schedule; prints a verdict with evidence and fixes, writes OUT/diagnosis.json, loss.svg and "
+      "scale.svg. Exit 0 healthy, 1 problem found, 2 error. Takes train's flags");
+  add_train_flags(*doctor, doctor_args);
 
   try {
     app.parse(argc, argv);
@@ -380,6 +446,11 @@ int main(int argc, char** argv) {
         if (threads_given) train_args.threads = threads;
       }
       return run_train(train_args);
+    }
+    if (doctor->parsed()) {
+      for (const char* flag : {"--resume", "--save-every", "--keep", "--force", "--max-bad-steps", "--interrupt-at-step"})
+        if (doctor->count(flag) > 0) throw UsageError(std::string("doctor does not take ") + flag + " (it is a train flag)");
+      return run_doctor(doctor_args);
     }
   } catch (const UsageError& e) {
     std::cerr << "mixtrain: error: " << e.what() << std::endl;
