@@ -7,6 +7,7 @@ set -euo pipefail
 PACKAGES=(
   cmake g++ make ccache pkg-config
   libtorch-dev libopenblas0-pthread   # OpenBLAS is essential: without it libtorch uses reference BLAS (~35x slower)
+  libgloo-dev                         # headers libtorch's c10d Gloo process group includes (mixtrain::distributed)
   dataset-fashion-mnist
   zlib1g-dev libgtest-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev

@@ -26,8 +26,14 @@ DataLoader::DataLoader(Dataset dataset, DataLoaderOptions options)
               " samples but y has ", dataset_.y.size(0));
 }
 
+void DataLoader::set_sharding(int64_t num_shards, int64_t shard) {
+  TORCH_CHECK(num_shards >= 1 && shard >= 0 && shard < num_shards, "Invalid sharding: shard ", shard, " of ",
+              num_shards);
+  options_.num_shards(num_shards).shard(shard);
+}
+
 int64_t DataLoader::num_batches() const {
-  const int64_t n = dataset_.size(), bs = options_.batch_size();
+  const int64_t n = dataset_.size(), bs = options_.batch_size() * options_.num_shards();
   return options_.drop_last() ? n / bs : (n + bs - 1) / bs;
 }
 
@@ -40,7 +46,9 @@ DataLoader::Iterator DataLoader::begin() {
 Batch DataLoader::Iterator::operator*() const {
   const Dataset& ds = loader_->dataset_;
   const int64_t bs = loader_->options_.batch_size();
-  const int64_t start = index_ * bs, stop = std::min(start + bs, ds.size());
+  const int64_t global = bs * loader_->options_.num_shards();
+  const int64_t start = std::min(index_ * global + loader_->options_.shard() * bs, ds.size());
+  const int64_t stop = std::min(start + bs, ds.size());
   if (!order_.defined()) return {ds.x.slice(0, start, stop), ds.y.slice(0, start, stop)};
   // index_select gathers into a fresh contiguous batch: one copy, no per-sample work.
   torch::Tensor idx = order_.slice(0, start, stop);

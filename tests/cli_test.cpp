@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <sstream>
 #include <map>
 #include <random>
 
@@ -269,6 +271,61 @@ TEST(CliDoctorTest, BadFlagsAreOneLineErrors) {
   expect_usage_error("doctor --resume runs/x", "doctor does not take --resume");
   expect_usage_error("doctor --lr 0", "invalid --lr");
   expect_usage_error("doctor --data /nonexistent", "data directory not found");
+}
+
+} // namespace
+
+// ---- mixtrain launch ----------------------------------------------------------
+
+namespace {
+
+int launch_port() {
+  static int port = 31000 + static_cast<int>(::getpid() % 500) * 4;
+  return port++;
+}
+
+std::vector<std::string> crc_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("crc32") != std::string::npos) lines.push_back(line.substr(line.find("crc32")));
+  return lines;
+}
+
+TEST(CliLaunchTest, TwoRanksEndIdenticalAndMatchOneProcessWithTheGlobalBatch) {
+  const std::string dist = test::scratch_dir("launch_two"), single = test::scratch_dir("launch_single");
+  const std::string common = " --model mlp --limit 4096 --epochs 1 --threads 1 --seed 5";
+  const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) + " -- train" +
+                              common + " --bs 64 --out " + dist);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] mixtrain train:"), std::string::npos) << r.out;
+  const auto crcs = crc_lines(r.out);
+  ASSERT_EQ(crcs.size(), 2u) << r.out;
+  EXPECT_EQ(crcs[0].substr(0, 14), crcs[1].substr(0, 14)) << r.out;  // "crc32 xxxxxxxx" equal on both ranks
+  ASSERT_EQ(run_cli("train" + common + " --bs 128 --out " + single).code, 0);
+  const auto a = read_json(dist + "/summary.json"), b = read_json(single + "/summary.json");
+  EXPECT_NEAR(a.at("valid_accuracy").get<double>(), b.at("valid_accuracy").get<double>(), 0.01);
+  EXPECT_NEAR(a.at("valid_loss").get<double>(), b.at("valid_loss").get<double>(), 0.01);
+  EXPECT_EQ(r.out.find("[rank 1] epoch"), std::string::npos) << r.out;  // only rank 0 reports the table
+}
+
+TEST(CliLaunchTest, ARankThatDiesEndsTheLaunchWithAClearErrorQuickly) {
+  const auto start = std::chrono::steady_clock::now();
+  const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) +
+                              " -- train --model mlp --limit 4096 --epochs 2 --threads 1 --bs 64 --abort-at-step 5 --out " +
+                              test::scratch_dir("launch_dies"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_NE(r.err.find("mixtrain launch: rank 1 exited with code 134"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("mixtrain launch: failed"), std::string::npos) << r.err;
+}
+
+TEST(CliLaunchTest, BadLaunchUsageIsAOneLineError) {
+  expect_usage_error("launch --nproc 0 -- train", "invalid --nproc '0'");
+  expect_usage_error("launch --nproc 2", "launch runs 'train'");
+  expect_usage_error("launch --nproc 2 --bogus -- train", "unknown launch flag '--bogus'");
+  expect_usage_error("train --comm-dtype int8", "invalid --comm-dtype 'int8'");
 }
 
 } // namespace

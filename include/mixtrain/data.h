@@ -47,6 +47,12 @@ struct DataLoaderOptions {
   TORCH_ARG(bool, drop_last) = false;
   /// Seed of the shuffling generator.
   TORCH_ARG(uint64_t, seed) = 0;
+  /// Data parallelism: the loader is one of `num_shards`. Every shard draws the
+  /// same seeded permutation; a global batch is batch_size * num_shards samples
+  /// and this shard takes its `shard`-th slice of each, so the shards together
+  /// see what one loader with the global batch size would.
+  TORCH_ARG(int64_t, num_shards) = 1;
+  TORCH_ARG(int64_t, shard) = 0;
 };
 
 /// Batches over an in-memory Dataset. Each `begin()` starts a new epoch and,
@@ -77,6 +83,8 @@ class DataLoader {
   int64_t num_batches() const;
   const Dataset& dataset() const { return dataset_; }
   const DataLoaderOptions& options() const { return options_; }
+  /// Makes this loader shard `shard` of `num_shards` (see DataLoaderOptions).
+  void set_sharding(int64_t num_shards, int64_t shard);
   /// The shuffling generator (its state is what a checkpoint needs).
   at::Generator& generator() { return generator_; }
 

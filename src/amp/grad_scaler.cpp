@@ -73,6 +73,10 @@ void GradScaler::unscale_(torch::optim::Optimizer& opt) {
     non_finite_check_and_unscale_(grads, s.found_inf, torch::full({1}, inv, opts));
     s.found_inf_host = -1;
   }
+  if (reduce_found_inf_) {
+    reduce_found_inf_(s.found_inf);  // every rank now holds the same verdict
+    s.found_inf_host = -1;
+  }
   s.stage = Stage::kUnscaled;
 }
 

@@ -168,7 +168,12 @@ void MasterWeights::before_step(Learner& learn) {
   const double scale_used = scale_;
   std::vector<torch::Tensor> grads;
   for (const auto& p : model_params_) grads.push_back(p.grad());
-  const bool overflow = has_non_finite(grads);  // one fused pass
+  bool overflow = has_non_finite(grads);  // one fused pass
+  if (reduce_overflow_) {
+    torch::Tensor flag = torch::full({1}, overflow ? 1.0f : 0.0f);
+    reduce_overflow_(flag);
+    overflow = flag.item<float>() != 0.0f;
+  }
   learn.step_info().scale = scale_used;
   learn.step_info().skipped = overflow;
   history_.record(scale_used, overflow);

@@ -13,8 +13,8 @@ namespace fs = std::filesystem;
 
 namespace mixtrain::callbacks {
 
-Checkpointer::Checkpointer(std::string dir, int64_t every, int64_t keep, const std::atomic<bool>* stop)
-    : dir_(std::move(dir)), every_(every), keep_(keep), stop_(stop) {
+Checkpointer::Checkpointer(std::string dir, int64_t every, int64_t keep, const std::atomic<bool>* stop, bool write)
+    : dir_(std::move(dir)), every_(every), keep_(keep), stop_(stop), write_(write) {
   TORCH_CHECK(every >= 0, "Invalid checkpoint interval: ", every, " (must be >= 0)");
   TORCH_CHECK(keep >= 0, "Invalid number of checkpoints to keep: ", keep, " (must be >= 0)");
   order = 90;
@@ -28,6 +28,7 @@ std::string Checkpointer::latest(const std::string& dir) {
 }
 
 std::string Checkpointer::save(Learner& learn) {
+  if (!write_) return "";
   const std::string name = "checkpoint-" + std::to_string(learn.train_iter()) + ".pt";
   learn.save(dir_ + "/" + name);
   write_file_atomically(dir_ + "/latest", name + "\n");

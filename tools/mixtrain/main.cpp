@@ -2,7 +2,10 @@
 // the library; the training logic lives in libmixtrain.
 #include <mixtrain/mixtrain.h>
 
+#include "launch.h"
+
 #include <CLI/CLI.hpp>
+#include <zlib.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -53,11 +56,15 @@ struct TrainArgs {
   bool force = false;           // reuse an --out that holds checkpoints
   int64_t interrupt_at_step = -1;  // testing: raise SIGINT after this training step
   int64_t max_bad_steps = 10;  // with loss scaling: consecutive NaN/inf losses tolerated
+  std::string comm_dtype = "fp32";  // data parallel: dtype gradients travel in
+  int64_t abort_at_step = -1;            // testing: the last rank aborts after this step
+  int64_t inject_overflow_at_step = -1;  // testing: the last rank's gradients get an inf at this step
 };
 
 // ---- Interrupts: the first SIGINT/SIGTERM asks for a checkpoint after the
 // current batch; a second one exits at once.
 std::atomic<bool> g_stop_requested{false};
+std::atomic<bool> g_stop_agreed{false};  // data parallel: the request, agreed by all ranks
 
 extern "C" void on_stop_signal(int) {
   if (g_stop_requested.exchange(true)) ::_exit(130);
@@ -81,6 +88,42 @@ struct RaiseSigintAt : mixtrain::Callback {
   }
 };
 
+/// Testing aid behind --abort-at-step: the process dies as a crashed rank would.
+struct AbortAt : mixtrain::Callback {
+  int64_t step;
+  explicit AbortAt(int64_t s) : step(s) {}
+  void after_batch(mixtrain::Learner& l) override {
+    if (l.training() && l.train_iter() == step) std::abort();
+  }
+};
+
+/// Testing aid behind --inject-overflow-at-step: an inf in this rank's gradients
+/// after the all-reduce, so only this rank's found_inf sees it.
+struct InjectOverflowAt : mixtrain::Callback {
+  int64_t step;
+  explicit InjectOverflowAt(int64_t s) : step(s) { order = 2; }  // after DataParallel (1), before the scaler
+  void after_backward(mixtrain::Learner& l) override {
+    if (l.train_iter() == step) l.model().module().parameters()[0].grad().view(-1)[0] = INFINITY;
+  }
+};
+
+uint32_t parameter_crc32(mixtrain::Learner& learn) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<torch::Tensor> state = learn.model().module().parameters();
+  for (const auto& b : learn.model().module().buffers()) state.push_back(b);
+  for (const auto& p : state) {
+    const torch::Tensor c = p.detach().contiguous();
+    crc = crc32(crc, static_cast<const Bytef*>(c.data_ptr()), static_cast<uInt>(c.nbytes()));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+int64_t skipped_steps(mixtrain::Learner& learn) {
+  int64_t n = 0;
+  for (const auto& s : learn.recorder().steps()) n += s.skipped;
+  return n;
+}
+
 // ---- The run's own flags, kept in OUT/args.json so that --resume needs nothing else.
 nlohmann::json args_to_json(const TrainArgs& a) {
   return {{"data", a.data}, {"model", a.model}, {"epochs", a.epochs}, {"lr", a.lr}, {"bs", a.bs}, {"seed", a.seed},
@@ -91,7 +134,7 @@ nlohmann::json args_to_json(const TrainArgs& a) {
           {"loss_scale", a.master.loss_scale()}, {"dynamic", a.master.dynamic()},
           {"max_noskip", a.master.max_noskip()}, {"max_scale", a.master.max_scale()},
           {"flat_master", a.master.flat_master()}, {"save_every", a.save_every}, {"keep", a.keep},
-          {"max_bad_steps", a.max_bad_steps}};
+          {"max_bad_steps", a.max_bad_steps}, {"comm_dtype", a.comm_dtype}};
 }
 
 TrainArgs args_from_run_dir(const std::string& dir) {
@@ -125,6 +168,7 @@ TrainArgs args_from_run_dir(const std::string& dir) {
     a.save_every = j.at("save_every").get<int64_t>();
     a.keep = j.at("keep").get<int64_t>();
     a.max_bad_steps = j.at("max_bad_steps").get<int64_t>();
+    a.comm_dtype = j.value("comm_dtype", std::string("fp32"));
     a.out = dir;
     a.resume = dir;
     return a;
@@ -199,6 +243,11 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a) {
                  "(fp32/bf16 stop at the first)")
       ->capture_default_str();
   cmd.add_option("--interrupt-at-step", a.interrupt_at_step)->group("");  // testing aid, hidden from --help
+  cmd.add_option("--abort-at-step", a.abort_at_step)->group("");
+  cmd.add_option("--inject-overflow-at-step", a.inject_overflow_at_step)->group("");
+  cmd.add_option("--comm-dtype", a.comm_dtype,
+                 "Data parallel (under mixtrain launch / torchrun): dtype gradients travel in, fp32 or fp16 (half the traffic)")
+      ->capture_default_str();
   cmd.add_flag("--no-emulation", a.no_emulation,
                "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)");
   cmd.add_option("--clip", a.clip, "Clip the global gradient norm to X (after unscaling; default: off)");
@@ -232,6 +281,8 @@ void validate(const TrainArgs& a, bool check_precision = true) {
   if (a.accum < 1) throw UsageError("invalid --accum " + std::to_string(a.accum) + ": must be >= 1");
   if (a.save_every < 0) throw UsageError("invalid --save-every " + std::to_string(a.save_every) + ": must be >= 0");
   if (a.keep < 0) throw UsageError("invalid --keep " + std::to_string(a.keep) + ": must be >= 0");
+  if (a.comm_dtype != "fp32" && a.comm_dtype != "fp16")
+    throw UsageError("invalid --comm-dtype '" + a.comm_dtype + "' (choices: fp32, fp16)");
   if (a.max_bad_steps < 0)
     throw UsageError("invalid --max-bad-steps " + std::to_string(a.max_bad_steps) + ": must be >= 0");
   // The scaler and the precision check throw c10::Error; main() reports those as
@@ -271,6 +322,10 @@ int run_train(TrainArgs a) {
   validate(a);
   const int threads = mixtrain::configure_threads(a.threads);
   torch::manual_seed(a.seed);
+  // Under mixtrain launch, torchrun or any launcher exporting torchrun's variables:
+  // one rank of a data-parallel job. Only rank 0 writes files.
+  const mixtrain::distributed::Env env = mixtrain::distributed::env_from_environment();
+  const bool writer = env.rank == 0;
 
   // Data problems are reported before the run directory is created.
   const auto split = load_split(a);
@@ -278,7 +333,7 @@ int run_train(TrainArgs a) {
   if (!a.resume.empty()) {
     checkpoint = mixtrain::callbacks::Checkpointer::latest(a.out);
     if (checkpoint.empty()) throw UsageError("cannot resume " + a.out + ": it holds no checkpoint (no " + a.out + "/latest)");
-  } else {
+  } else if (writer) {
     if (a.out.empty()) a.out = "runs/" + timestamp();
     if (holds_checkpoint(a.out) && !a.force)
       throw UsageError("--out " + a.out + " already holds checkpoints; continue it with --resume " + a.out +
@@ -287,17 +342,30 @@ int run_train(TrainArgs a) {
     mixtrain::write_file_atomically(a.out + "/args.json", args_to_json(a).dump(2) + "\n");
   }
 
+  std::shared_ptr<mixtrain::distributed::ProcessGroup> group;
+  if (env.active()) group = mixtrain::distributed::ProcessGroup::connect(env);
+
   mixtrain::Learner learn(mixtrain::models::by_name(a.model),
                           mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed), mixtrain::cross_entropy(),
-                          mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}));
+                          mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}).progress(writer));
+  std::shared_ptr<mixtrain::callbacks::DataParallel> data_parallel;
+  if (group) {
+    data_parallel = std::make_shared<mixtrain::callbacks::DataParallel>(
+        group, mixtrain::callbacks::DataParallelOptions()
+                   .comm_dtype(a.comm_dtype == "fp16" ? torch::kHalf : torch::kFloat)
+                   .stop_request(&g_stop_requested)
+                   .stop_agreed(&g_stop_agreed));
+    learn.add_cb(data_parallel);
+  }
   if (a.precision == "fp16") learn.to_fp16(a.scaler, !a.no_emulation);
   if (a.precision == "bf16") learn.to_bf16();
   if (a.precision == "bf16-master") learn.to_half(a.master.dtype(torch::kBFloat16));
 
   if (a.clip > 0) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
   if (a.accum > 1) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
-  auto checkpointer =
-      std::make_shared<mixtrain::callbacks::Checkpointer>(a.out, a.save_every, a.keep, &g_stop_requested);
+  // Data-parallel ranks stop on the agreed request, at the same batch on every rank.
+  auto checkpointer = std::make_shared<mixtrain::callbacks::Checkpointer>(
+      a.out, a.save_every, a.keep, group ? &g_stop_agreed : &g_stop_requested, writer);
   learn.add_cb(checkpointer);
   if (a.interrupt_at_step >= 0) learn.add_cb(std::make_shared<RaiseSigintAt>(a.interrupt_at_step));
   auto nan_stop = std::make_shared<mixtrain::callbacks::TerminateOnNaN>(a.max_bad_steps, checkpointer);
@@ -306,7 +374,10 @@ int run_train(TrainArgs a) {
     learn.load(checkpoint);
     std::cout << "mixtrain train: resuming " << a.out << " from " << checkpoint << std::endl;
   }
-  learn.add_cb(std::make_shared<mixtrain::callbacks::CSVLogger>(a.out));
+  if (a.abort_at_step >= 0 && env.rank == env.world_size - 1) learn.add_cb(std::make_shared<AbortAt>(a.abort_at_step));
+  if (a.inject_overflow_at_step >= 0 && env.rank == env.world_size - 1)
+    learn.add_cb(std::make_shared<InjectOverflowAt>(a.inject_overflow_at_step));
+  if (writer) learn.add_cb(std::make_shared<mixtrain::callbacks::CSVLogger>(a.out));
   auto summary = std::make_shared<mixtrain::callbacks::SummaryWriter>(
       a.out + "/summary.json",
       std::map<std::string, std::string>{{"precision", a.precision}, {"model", a.model}},
@@ -326,11 +397,13 @@ int run_train(TrainArgs a) {
                                            {"param_bytes_grads", static_cast<double>(mem.grads)}};
     });
   }
-  learn.add_cb(summary);
+  if (writer) learn.add_cb(summary);
 
-  std::cout << "mixtrain train: model " << a.model << ", " << split.train.size() << " train / "
+  if (writer)
+    std::cout << "mixtrain train: model " << a.model << ", " << split.train.size() << " train / "
             << split.valid.size() << " valid images, " << a.epochs << " epoch(s), lr " << a.lr << ", bs " << a.bs
-            << ", precision " << a.precision << ", " << threads << " thread(s)" << std::endl;
+            << ", precision " << a.precision << ", " << threads << " thread(s)"
+            << (group ? ", " + std::to_string(env.world_size) + " ranks (--bs per rank)" : std::string()) << std::endl;
   install_stop_handlers();
   learn.fit_one_cycle(a.epochs, a.lr);
   if (checkpointer->interrupted()) {
@@ -344,8 +417,15 @@ int run_train(TrainArgs a) {
   }
 
   const auto& last = learn.recorder().values().back();
-  std::printf("valid accuracy %.4f, valid loss %.4f; run written to %s\n", last.metrics.at(0), last.valid_loss,
-              a.out.c_str());
+  if (group) {
+    // Lets a person (and the tests) see that every rank ended with the same weights.
+    std::printf("rank %d: parameters and buffers crc32 %08x, skipped %lld, gradient all-reduce %.1f ms/step\n", env.rank,
+                parameter_crc32(learn), static_cast<long long>(skipped_steps(learn)),
+                1000 * data_parallel->comm_seconds() / std::max<int64_t>(1, data_parallel->comm_steps()));
+  }
+  if (writer)
+    std::printf("valid accuracy %.4f, valid loss %.4f; run written to %s\n", last.metrics.at(0), last.valid_loss,
+                a.out.c_str());
   return 0;
 }
 
@@ -405,7 +485,61 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 
 } // namespace
 
+/// `mixtrain launch --nproc N [--master-port P] [--master-addr A] -- COMMAND...`:
+/// parsed by hand because everything after "--" belongs to the ranks.
+int run_launch(int argc, char** argv) {
+  mixtrain_cli::LaunchOptions o;
+  std::vector<std::string> command;
+  auto number = [](const std::string& flag, const char* v, int lo, int hi) {
+    char* end = nullptr;
+    const long n = v ? std::strtol(v, &end, 10) : 0;
+    if (!v || *end != '\0' || n < lo || n > hi)
+      throw UsageError("invalid " + flag + " '" + (v ? v : "") + "' (expected " + std::to_string(lo) + " to " +
+                       std::to_string(hi) + ")");
+    return static_cast<int>(n);
+  };
+  int i = 2;
+  for (; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (arg == "--") {
+      ++i;
+      break;
+    } else if (arg == "--nproc") {
+      o.nproc = number(arg, value, 1, 256);
+      ++i;
+    } else if (arg == "--master-port") {
+      o.master_port = number(arg, value, 1, 65535);
+      ++i;
+    } else if (arg == "--master-addr") {
+      if (!value) throw UsageError("--master-addr needs a value");
+      o.master_addr = value;
+      ++i;
+    } else if (arg == "-h" || arg == "--help") {
+      std::cout << "Usage: mixtrain launch --nproc N [--master-port P] [--master-addr A] -- train [train flags]\n"
+                   "Runs N local ranks of a data-parallel job (Gloo), each with torchrun's variables RANK,\n"
+                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; prefixes output with [rank k]; stops all\n"
+                   "ranks when one fails and exits with its code. --bs is per rank.\n";
+      return 0;
+    } else {
+      throw UsageError("unknown launch flag '" + arg + "' (usage: mixtrain launch --nproc N -- train ...)");
+    }
+  }
+  for (; i < argc; ++i) command.push_back(argv[i]);
+  if (command.empty() || command[0] != "train")
+    throw UsageError("launch runs 'train': mixtrain launch --nproc N [--master-port P] -- train [flags]");
+  return mixtrain_cli::launch("/proc/self/exe", command, o);
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "launch") {
+    try {
+      return run_launch(argc, argv);
+    } catch (const UsageError& e) {
+      std::cerr << "mixtrain: error: " << e.what() << std::endl;
+      return kExitError;
+    }
+  }
   CLI::App app{"mixtrain: mixed-precision training for libtorch, fastai-style.", "mixtrain"};
   app.require_subcommand(1);
   TrainArgs train_args;

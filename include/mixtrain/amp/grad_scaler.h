@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -83,6 +84,11 @@ class GradScaler {
   /// Sets the scale explicitly (torch's update(new_scale)); the tracker is kept.
   void update(double new_scale);
 
+  /// Data parallelism: `reduce` turns a one-element float flag (1 = this rank
+  /// found inf/NaN) into the maximum over all ranks, so every rank skips the
+  /// same steps and keeps the same scale. Called once per optimizer per step.
+  void set_found_inf_reducer(std::function<void(torch::Tensor& flag)> reduce) { reduce_found_inf_ = std::move(reduce); }
+
   /// Current scale (1 when disabled). Never synchronizes.
   double get_scale() const;
   /// Clean steps counted toward the next growth.
@@ -110,6 +116,7 @@ class GradScaler {
   void sync_scale_tensor();
 
   GradScalerOptions options_;
+  std::function<void(torch::Tensor&)> reduce_found_inf_;
   double scale_;             // host mirror: the truth for every decision
   int64_t growth_tracker_ = 0;
   int64_t hysteresis_left_;

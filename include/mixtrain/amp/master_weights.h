@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -75,6 +76,9 @@ class MasterWeights : public Callback {
 
   const MasterWeightsOptions& options() const { return options_; }
   double loss_scale() const { return scale_; }
+  /// Data parallelism: as GradScaler::set_found_inf_reducer, so that every rank
+  /// skips the same steps and keeps the same scale.
+  void set_overflow_reducer(std::function<void(torch::Tensor& flag)> reduce) { reduce_overflow_ = std::move(reduce); }
   /// Clean steps since the last skip or doubling.
   int64_t clean_steps() const { return noskip_; }
   /// The fp32 masters the optimizer updates (one flat tensor per group with flat_master).
@@ -103,6 +107,7 @@ class MasterWeights : public Callback {
   void after_fit(Learner& learn) override;
 
  private:
+  std::function<void(torch::Tensor&)> reduce_overflow_;
   struct Group {
     std::vector<torch::Tensor> params;  // the model's parameters in this optimizer group
     std::vector<torch::Tensor> masters; // per-parameter masters, or views into `flat`

@@ -17,7 +17,10 @@ namespace mixtrain::callbacks {
 /// and the loggers have seen the batch or epoch.
 class Checkpointer : public Callback {
  public:
-  Checkpointer(std::string dir, int64_t every, int64_t keep = 0, const std::atomic<bool>* stop = nullptr);
+  /// `write` false: the same decisions (stop after the batch on `*stop`) without
+  /// writing files, for data-parallel ranks other than 0.
+  Checkpointer(std::string dir, int64_t every, int64_t keep = 0, const std::atomic<bool>* stop = nullptr,
+               bool write = true);
   std::string name() const override { return "Checkpointer"; }
 
   /// Whether the fit ended because `*stop` was set.
@@ -27,7 +30,8 @@ class Checkpointer : public Callback {
   /// The newest checkpoint of a run directory (from `dir/latest`), or "" when there is none.
   static std::string latest(const std::string& dir);
 
-  /// Saves a checkpoint now (between batches, or before a step) and returns its path.
+  /// Saves a checkpoint now (between batches, or before a step) and returns its
+  /// path ("" when this Checkpointer does not write).
   std::string save(Learner& learn);
 
   void after_batch(Learner& learn) override;
@@ -37,6 +41,7 @@ class Checkpointer : public Callback {
   std::string dir_;
   int64_t every_, keep_;
   const std::atomic<bool>* stop_;
+  bool write_;
   bool interrupted_ = false;
   std::string last_path_;
 };
