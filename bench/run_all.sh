@@ -11,3 +11,5 @@ echo "== master_weights_bench: master copy overhead with and without flat_master
 "$build/bench/master_weights_bench"
 echo "== checkpoint_bench: save/load time against size"
 "$build/bench/checkpoint_bench"
+echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce share of a step"
+bash bench/distributed_bench.sh "$build" 3

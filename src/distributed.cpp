@@ -81,7 +81,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const Env& env, std::chrono:
   try {
     impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr));
+    // The Gloo device: this host's own address. On one machine that is loopback;
+    // across machines GLOO_SOCKET_IFNAME picks the interface (as in PyTorch), else
+    // the address this host's name resolves to.
+    const std::string& addr = env.master_addr;
+    const bool local = addr == "localhost" || addr.rfind("127.", 0) == 0;
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    options->devices.push_back(local    ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                               : ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                        : c10d::ProcessGroupGloo::createDefaultDevice());
     options->threads = 2;
     impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, env.rank, env.world_size, options);
   } catch (const std::exception& e) {

@@ -1,0 +1,280 @@
+// Throughput and peak memory of fp32 / fp16 / bf16 training with mixtrain's Learner,
+// for the GPU check (scripts/gpu-check.sh) on three models:
+//   cnn          the Fashion-MNIST CNN (1x28x28)
+//   resnet       a ResNet-style CNN on 3x128x128
+//   transformer  a stack of transformer encoder layers as a language model
+// It runs on CPU as well (--device cpu), with --tiny sizes, so that its argument
+// handling and JSON are tested in CI. One JSON object per line on stdout, or to --json.
+//
+//   gpu_bench [--device cuda|cpu] [--models cnn,resnet,transformer] [--precisions fp32,fp16,bf16]
+//             [--steps N] [--warmup N] [--tiny] [--json PATH]
+#include <mixtrain/mixtrain.h>
+
+#include <ATen/record_function.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#ifdef MIXTRAIN_BENCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace nn = torch::nn;
+using mixtrain::Learner;
+
+namespace {
+
+struct BenchArgs {
+  std::string device = "cuda";
+  std::vector<std::string> models{"cnn", "resnet", "transformer"};
+  std::vector<std::string> precisions{"fp32", "fp16", "bf16"};
+  int64_t steps = 30, warmup = 5;
+  bool tiny = false;
+  std::string json;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+/// Parses argv; throws std::invalid_argument with a one-line message.
+BenchArgs parse(int argc, char** argv) {
+  BenchArgs a;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) throw std::invalid_argument(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  auto positive = [](const std::string& flag, const std::string& v) {
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (*end != '\0' || n < 1) throw std::invalid_argument("invalid " + flag + " '" + v + "' (must be >= 1)");
+    return static_cast<int64_t>(n);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--device") a.device = value(i);
+    else if (f == "--models") a.models = split_list(value(i));
+    else if (f == "--precisions") a.precisions = split_list(value(i));
+    else if (f == "--steps") a.steps = positive(f, value(i));
+    else if (f == "--warmup") a.warmup = positive(f, value(i));
+    else if (f == "--tiny") a.tiny = true;
+    else if (f == "--json") a.json = value(i);
+    else throw std::invalid_argument("unknown flag '" + f + "'");
+  }
+  if (a.device != "cuda" && a.device != "cpu") throw std::invalid_argument("invalid --device '" + a.device + "' (cuda or cpu)");
+  for (const auto& m : a.models)
+    if (m != "cnn" && m != "resnet" && m != "transformer")
+      throw std::invalid_argument("unknown model '" + m + "' (cnn, resnet, transformer)");
+  for (const auto& p : a.precisions)
+    if (p != "fp32" && p != "fp16" && p != "bf16")
+      throw std::invalid_argument("unknown precision '" + p + "' (fp32, fp16, bf16)");
+  if (a.models.empty() || a.precisions.empty()) throw std::invalid_argument("--models and --precisions must not be empty");
+  return a;
+}
+
+// ---- Models (bench/gpu_python_bench.py builds the same ones in PyTorch) ----
+
+struct ResBlockImpl : nn::Module {
+  ResBlockImpl(int64_t in, int64_t out, int64_t stride)
+      : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
+        bn1(register_module("bn1", nn::BatchNorm2d(out))),
+        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
+        bn2(register_module("bn2", nn::BatchNorm2d(out))),
+        shortcut(register_module("shortcut", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return torch::relu(bn2(conv2(torch::relu(bn1(conv1(x))))) + shortcut(x));
+  }
+  nn::Conv2d conv1;
+  nn::BatchNorm2d bn1;
+  nn::Conv2d conv2;
+  nn::BatchNorm2d bn2;
+  nn::Conv2d shortcut;
+};
+TORCH_MODULE(ResBlock);
+
+/// stem 3->32 (stride 2), blocks 32->64->128->256 (stride 2 each), pool, linear -> 10.
+nn::Sequential resnet(int64_t width) {
+  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(3, width, 3).stride(2).padding(1).bias(false)),
+                        nn::BatchNorm2d(width), nn::ReLU(), ResBlock(width, 2 * width, 2),
+                        ResBlock(2 * width, 4 * width, 2), ResBlock(4 * width, 8 * width, 2),
+                        nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(8 * width, 10));
+}
+
+/// Tokens [B, S] -> logits [B, S, vocab]; post-norm encoder layers (PyTorch's default), no dropout.
+struct TransformerLMImpl : nn::Module {
+  TransformerLMImpl(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t seq)
+      : embed(register_module("embed", nn::Embedding(vocab, d))),
+        pos(register_parameter("pos", torch::randn({seq, 1, d}) * 0.02)),
+        encoder(register_module("encoder", nn::TransformerEncoder(nn::TransformerEncoderOptions(
+                                               nn::TransformerEncoderLayerOptions(d, heads).dim_feedforward(4 * d).dropout(0.0),
+                                               layers)))),
+        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({d})))),
+        head(register_module("head", nn::Linear(d, vocab))) {}
+  torch::Tensor forward(torch::Tensor tokens) {
+    torch::Tensor h = embed(tokens.t()) + pos;  // [S, B, d]
+    return head(norm(encoder(h))).transpose(0, 1);  // [B, S, vocab]
+  }
+  nn::Embedding embed;
+  torch::Tensor pos;
+  nn::TransformerEncoder encoder;
+  nn::LayerNorm norm;
+  nn::Linear head;
+};
+TORCH_MODULE(TransformerLM);
+
+struct Workload {
+  mixtrain::Model model;
+  torch::Tensor x, y;  // one batch, repeated
+  mixtrain::LossFn loss;
+  int64_t batch;
+};
+
+Workload make_workload(const std::string& name, bool tiny, const torch::Device& device) {
+  auto ce = mixtrain::cross_entropy();
+  if (name == "cnn") {
+    const int64_t b = tiny ? 8 : 256;
+    return {mixtrain::models::simple_cnn(), torch::randn({b, 1, 28, 28}), torch::randint(10, {b}), ce, b};
+  }
+  if (name == "resnet") {
+    const int64_t b = tiny ? 4 : 256, side = tiny ? 32 : 128;
+    return {resnet(tiny ? 8 : 32), torch::randn({b, 3, side, side}), torch::randint(10, {b}), ce, b};
+  }
+  const int64_t vocab = tiny ? 128 : 8192, d = tiny ? 32 : 1024, layers = tiny ? 2 : 6, seq = tiny ? 16 : 1024;
+  const int64_t b = tiny ? 2 : 8;
+  TransformerLM lm(vocab, d, layers, tiny ? 4 : 16, seq);
+  torch::Tensor tokens = torch::randint(vocab, {b, seq + 1});
+  mixtrain::LossFn lm_loss = [vocab](const torch::Tensor& logits, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), target.reshape({-1}));
+  };
+  return {lm, tokens.slice(1, 0, seq), tokens.slice(1, 1, seq + 1), lm_loss, b};
+}
+
+/// Counts host reads of device values (aten::_local_scalar_dense: item(), and
+/// what prints or compares a tensor's value) while enabled.
+std::atomic<int64_t> g_scalar_reads{0};
+std::atomic<bool> g_count_reads{false};
+
+void install_read_counter() {
+  at::addGlobalCallback(at::RecordFunctionCallback(
+                            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                              if (g_count_reads.load() && std::string(fn.name()) == "aten::_local_scalar_dense")
+                                ++g_scalar_reads;
+                              return nullptr;
+                            })
+                            .needsInputs(false));
+}
+
+void sync(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+nlohmann::json run_one(const BenchArgs& a, const std::string& model_name, const std::string& precision) {
+  const torch::Device device(a.device == "cuda" ? torch::kCUDA : torch::kCPU);
+  torch::manual_seed(0);
+  Workload w = make_workload(model_name, a.tiny, device);
+  // The data: the same batch `steps` times, already on the device (no input pipeline is measured).
+  auto repeat = [&](const torch::Tensor& t, int64_t n) {
+    std::vector<int64_t> reps(t.dim(), 1);
+    reps[0] = n;
+    return t.repeat(reps).to(device);
+  };
+  const mixtrain::data::Dataset valid{w.x.slice(0, 0, 1).to(device), w.y.slice(0, 0, 1).to(device)};
+  auto loaders = [&](int64_t n) {
+    mixtrain::data::Dataset train{repeat(w.x, n), repeat(w.y, n)};
+    return mixtrain::data::DataLoaders(
+        mixtrain::data::DataLoader(train, mixtrain::data::DataLoaderOptions().batch_size(w.batch)),
+        mixtrain::data::DataLoader(valid, mixtrain::data::DataLoaderOptions().batch_size(1)));
+  };
+  w.model.module().to(device);
+  Learner learn(w.model, loaders(a.warmup), w.loss, mixtrain::LearnerOptions().progress(false).device(device));
+  if (precision == "fp16") learn.to_fp16();
+  if (precision == "bf16") learn.to_bf16();
+
+  nlohmann::json r{{"model", model_name}, {"precision", precision}, {"device", a.device}, {"batch", w.batch},
+                   {"steps", a.steps}, {"tiny", a.tiny}};
+  learn.fit(1, 1e-4);  // warm-up: allocator, cuDNN autotuning, lazy initialization
+  learn.dls() = loaders(a.steps);
+#ifdef MIXTRAIN_BENCH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#endif
+  sync(device);
+  g_scalar_reads = 0;
+  g_count_reads = true;
+  const auto start = std::chrono::steady_clock::now();
+  learn.fit(1, 1e-4);
+  sync(device);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  g_count_reads = false;
+  r["seconds"] = seconds;
+  r["step_ms"] = 1000 * seconds / a.steps;
+  r["steps_per_second"] = a.steps / seconds;
+  r["samples_per_second"] = a.steps * w.batch / seconds;
+  // Includes the one validation batch per fit and its reads.
+  r["host_scalar_reads_per_step"] = static_cast<double>(g_scalar_reads.load()) / a.steps;
+  r["final_loss"] = learn.recorder().steps().back().loss;
+  r["skipped_steps"] = learn.mixed_precision() ? learn.mixed_precision()->skipped_steps() : 0;
+  r["peak_memory_bytes"] = nullptr;
+#ifdef MIXTRAIN_BENCH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    r["peak_memory_bytes"] = stats.allocated_bytes[0].peak;  // index 0: all pools together
+  }
+#endif
+  return r;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  BenchArgs a;
+  try {
+    a = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "gpu_bench: error: " << e.what() << std::endl;
+    return 2;
+  }
+  if (a.device == "cuda" && !torch::cuda::is_available()) {
+    std::cerr << "gpu_bench: error: --device cuda, but this libtorch has no CUDA or no GPU is visible" << std::endl;
+    return 2;
+  }
+  install_read_counter();
+  std::ofstream file;
+  if (!a.json.empty()) {
+    file.open(a.json);
+    if (!file) {
+      std::cerr << "gpu_bench: error: cannot write " << a.json << std::endl;
+      return 2;
+    }
+  }
+  std::ostream& out = a.json.empty() ? std::cout : file;
+  int failures = 0;
+  for (const auto& m : a.models)
+    for (const auto& p : a.precisions) {
+      nlohmann::json r;
+      try {
+        r = run_one(a, m, p);
+      } catch (const std::exception& e) {
+        const std::string msg = e.what();
+        r = {{"model", m}, {"precision", p}, {"device", a.device}, {"error", msg.substr(0, msg.find('\n'))}};
+        ++failures;
+      }
+      out << r.dump() << std::endl;
+      std::cerr << "gpu_bench: " << m << " " << p << ": "
+                << (r.contains("error") ? "error: " + r["error"].get<std::string>()
+                                        : std::to_string(r["samples_per_second"].get<double>()) + " samples/s")
+                << std::endl;
+    }
+  return failures ? 1 : 0;
+}

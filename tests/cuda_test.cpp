@@ -1,0 +1,83 @@
+// CUDA paths, run by scripts/gpu-check.sh on the GPU machine; every test skips
+// where libtorch has no CUDA or no GPU is visible (CI).
+#include "test_util.h"
+
+#include <mixtrain/mixtrain.h>
+
+#include <cstdlib>
+#include <fstream>
+
+namespace {
+
+using namespace mixtrain;
+namespace nn = torch::nn;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!amp::compat::cuda_available()) GTEST_SKIP() << "no CUDA"
+
+std::unique_ptr<Learner> cuda_learner(nn::Sequential net, int64_t n = 128) {
+  auto ds = test::blobs(n, 3, 4);
+  auto dls = data::DataLoaders(data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)),
+                               data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)));
+  return std::make_unique<Learner>(Model(net), std::move(dls), cross_entropy(),
+                                   LearnerOptions().progress(false).device(torch::kCUDA));
+}
+
+TEST(CudaTest, Fp16AutocastWithFusedScalerOpsFollowsTorchsScaleRule) {
+  SKIP_WITHOUT_CUDA();
+  auto learn = cuda_learner(nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3)));
+  learn->to_fp16(amp::GradScalerOptions().init_scale(65536).growth_interval(2));
+  learn->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{0, 1, 4})});
+  auto mp = learn->mixed_precision();
+  ASSERT_FALSE(mp->emulated());  // real fp16 on the GPU
+  const std::vector<double> expected{65536, 32768, 16384, 16384, 32768, 16384, 16384, 32768};
+  EXPECT_EQ(mp->scales(), expected);
+  EXPECT_EQ(mp->skipped_steps(), 3);
+  // For the script's comparison with torch's own Python GradScaler on the same pattern.
+  if (const char* path = std::getenv("MIXTRAIN_SCALE_SEQUENCE_OUT")) {
+    std::ofstream f(path);
+    for (double s : mp->scales()) f << s << "\n";
+  }
+  EXPECT_TRUE(learn->model().module().parameters()[0].is_cuda());
+}
+
+TEST(CudaTest, Bf16TrainsOrIsReportedUnsupported) {
+  SKIP_WITHOUT_CUDA();
+  auto learn = cuda_learner(nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3)), 512);
+  learn->to_bf16();
+  if (!amp::compat::cuda_bf16_supported()) {
+    EXPECT_THROW_WITH(learn->fit(1, 1e-2), "Unsupported GPU for bfloat16");
+    return;
+  }
+  learn->fit(3, 1e-2);
+  const auto& steps = learn->recorder().steps();
+  EXPECT_LT(steps.back().smooth_loss, steps.front().loss);
+}
+
+TEST(CudaTest, Fp16MasterWeightsTrainWithFp32Masters) {
+  SKIP_WITHOUT_CUDA();
+  auto learn = cuda_learner(nn::Sequential(nn::Linear(4, 16), nn::BatchNorm1d(16), nn::ReLU(), nn::Linear(16, 3)), 512);
+  learn->to_half(amp::MasterWeightsOptions().dtype(torch::kHalf));
+  learn->fit(3, 1e-2);
+  auto mw = learn->get_cb<amp::MasterWeights>();
+  ASSERT_TRUE(mw);
+  EXPECT_EQ(learn->model().module().parameters()[0].scalar_type(), torch::kHalf);
+  EXPECT_EQ(mw->masters()[0].scalar_type(), torch::kFloat);
+  const auto& steps = learn->recorder().steps();
+  EXPECT_LT(steps.back().smooth_loss, steps.front().loss);
+}
+
+TEST(CudaTest, DataParallelOneRankOnCudaTensors) {
+  SKIP_WITHOUT_CUDA();
+  // Gloo at world size 1 (NCCL is not wired in: see the README).
+  static int port = 33000 + static_cast<int>(::getpid() % 500);
+  auto group = distributed::ProcessGroup::connect({0, 1, 0, "127.0.0.1", port++}, std::chrono::seconds(30));
+  auto learn = cuda_learner(nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3)), 256);
+  learn->add_cb(std::make_shared<callbacks::DataParallel>(group));
+  learn->to_fp16();
+  learn->fit(2, 1e-2);
+  const auto& steps = learn->recorder().steps();
+  EXPECT_LT(steps.back().smooth_loss, steps.front().loss);
+}
+
+} // namespace
