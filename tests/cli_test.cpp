@@ -321,6 +321,18 @@ TEST(CliLaunchTest, ARankThatDiesEndsTheLaunchWithAClearErrorQuickly) {
   EXPECT_NE(r.err.find("mixtrain launch: failed"), std::string::npos) << r.err;
 }
 
+TEST(CliLaunchTest, AnOverflowOnOneRankIsSkippedByBoth) {
+  // --inject-overflow-at-step puts an inf into the last rank's gradients after the all-reduce.
+  const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) +
+                              " -- train --model mlp --limit 2048 --epochs 1 --threads 1 --bs 64 --precision fp16"
+                              " --init-scale 256 --inject-overflow-at-step 4 --out " + test::scratch_dir("launch_overflow"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto crcs = crc_lines(r.out);
+  ASSERT_EQ(crcs.size(), 2u) << r.out;
+  for (const auto& line : crcs) EXPECT_NE(line.find("skipped 1,"), std::string::npos) << line;
+  EXPECT_EQ(crcs[0].substr(0, 14), crcs[1].substr(0, 14)) << r.out;
+}
+
 TEST(CliLaunchTest, BadLaunchUsageIsAOneLineError) {
   expect_usage_error("launch --nproc 0 -- train", "invalid --nproc '0'");
   expect_usage_error("launch --nproc 2", "launch runs 'train'");
