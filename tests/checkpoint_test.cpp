@@ -55,11 +55,6 @@ std::vector<torch::Tensor> state_of(Learner& learn) {
   return out;
 }
 
-void expect_bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
-}
-
 class CheckpointTest : public test::SeededTest {};
 
 TEST_F(CheckpointTest, ResumeIsBitwiseIdenticalInEveryPrecisionMode) {
@@ -83,7 +78,7 @@ TEST_F(CheckpointTest, ResumeIsBitwiseIdenticalInEveryPrecisionMode) {
       if (mode != Mode::kFp32) resumed.add_cb(std::make_shared<test::InjectOverflow>(overflow_steps));
       resumed.load(path);
       resumed.fit_one_cycle(3, 1e-2);
-      expect_bitwise_equal(state_of(resumed), expected);
+      test::expect_bitwise_equal(state_of(resumed), expected);
       EXPECT_EQ(resumed.recorder().steps().size(), full.recorder().steps().size());
       EXPECT_EQ(resumed.recorder().values().size(), 3u);
       EXPECT_EQ(resumed.recorder().values().back().train_loss, full.recorder().values().back().train_loss);
@@ -95,7 +90,7 @@ TEST_F(CheckpointTest, ResumeIsBitwiseIdenticalInEveryPrecisionMode) {
       }
       if (mode == Mode::kBf16Master) {
         auto a = resumed.get_cb<amp::MasterWeights>(), b = full.get_cb<amp::MasterWeights>();
-        expect_bitwise_equal(a->masters(), b->masters());  // fp32 masters, no precision lost
+        test::expect_bitwise_equal(a->masters(), b->masters());  // fp32 masters, no precision lost
         EXPECT_EQ(a->loss_scale(), b->loss_scale());
       }
     }
@@ -135,7 +130,7 @@ TEST_F(CheckpointTest, TruncatedOrCorruptCheckpointsAreClearErrors) {
   test::write_raw(dir + "/other.pt", {'P', 'K', 3, 4, 0, 0});
   EXPECT_THROW_WITH(learn.load(dir + "/other.pt"), "does not start with the mixtrain checkpoint header");
   EXPECT_THROW_WITH(learn.load(dir + "/missing.pt"), "Cannot open checkpoint");
-  expect_bitwise_equal(state_of(learn), before);  // failed loads changed nothing
+  test::expect_bitwise_equal(state_of(learn), before);  // failed loads changed nothing
 }
 
 // Inputs the fuzzer (fuzz/checkpoint_fuzz.cpp) once crashed on stay rejected cleanly.
@@ -185,7 +180,7 @@ TEST_F(CheckpointTest, SaveReplacesAtomicallyAndAnInterruptedSaveLeavesThePrevio
   test::write_raw(dir + "/ckpt.pt.tmp.12345", std::vector<uint8_t>(first.begin(), first.begin() + first.size() / 2));
   Learner reader = make_learner(Mode::kFp32, 77);
   reader.load(dir + "/ckpt.pt");
-  expect_bitwise_equal(state_of(reader), state_of(learn));
+  test::expect_bitwise_equal(state_of(reader), state_of(learn));
   // A real save replaces the file whole, and leaves no temp file of its own.
   learn.fit(1, 1e-2);
   learn.save(dir + "/ckpt.pt");

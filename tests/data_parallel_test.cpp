@@ -74,11 +74,6 @@ std::vector<RankResult> train_ranks(int world, int64_t bs, int epochs, const Con
   return results;
 }
 
-void expect_bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
-}
-
 class DataParallelTest : public test::SeededTest {};
 
 TEST_F(DataParallelTest, EnvironmentVariablesAreReadAndChecked) {
@@ -104,7 +99,7 @@ TEST_F(DataParallelTest, EnvironmentVariablesAreReadAndChecked) {
 
 TEST_F(DataParallelTest, RanksEndBitwiseIdenticalAndMatchOneProcessWithTheGlobalBatch) {
   const auto ranks = train_ranks(2, 16, 2, [](Learner&, int) {});
-  expect_bitwise_equal(ranks[0].params, ranks[1].params);
+  test::expect_bitwise_equal(ranks[0].params, ranks[1].params);
   EXPECT_EQ(ranks[0].losses, ranks[1].losses);  // the logged loss is the global mean on every rank
   EXPECT_EQ(ranks[0].losses.size(), 12u);        // 192 samples / (2 x 16) per epoch
 
@@ -134,7 +129,7 @@ TEST_F(DataParallelTest, OverflowOnOneRankSkipsTheStepOnAllAndBothScalesBackOff)
     EXPECT_EQ(r.scales[4], 128);  // backed off on both
   }
   EXPECT_EQ(ranks[0].scales, ranks[1].scales);
-  expect_bitwise_equal(ranks[0].params, ranks[1].params);
+  test::expect_bitwise_equal(ranks[0].params, ranks[1].params);
 }
 
 TEST_F(DataParallelTest, MasterWeightsStayConsistentAndSmallBucketsAndFp16TrafficAgree) {
@@ -142,16 +137,16 @@ TEST_F(DataParallelTest, MasterWeightsStayConsistentAndSmallBucketsAndFp16Traffi
     learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
     if (rank == 0) learn.add_cb(std::make_shared<test::InjectOverflow>(std::set<int64_t>{2}));
   });
-  { SCOPED_TRACE("master"); expect_bitwise_equal(master[0].params, master[1].params); }
+  { SCOPED_TRACE("master"); test::expect_bitwise_equal(master[0].params, master[1].params); }
   EXPECT_EQ(master[0].skipped, master[1].skipped);
   EXPECT_EQ(std::count(master[1].skipped.begin(), master[1].skipped.end(), true), 1);
 
   const auto big = train_ranks(2, 16, 1, [](Learner&, int) {});
   const auto small = train_ranks(2, 16, 1, [](Learner&, int) {}, callbacks::DataParallelOptions().bucket_bytes(64));
-  { SCOPED_TRACE("buckets"); expect_bitwise_equal(big[0].params, small[0].params); }  // bucketing changes the traffic, not the sums
+  { SCOPED_TRACE("buckets"); test::expect_bitwise_equal(big[0].params, small[0].params); }  // bucketing changes the traffic, not the sums
   const auto half = train_ranks(2, 16, 1, [](Learner&, int) {},
                                 callbacks::DataParallelOptions().comm_dtype(torch::kHalf));
-  { SCOPED_TRACE("fp16 traffic"); expect_bitwise_equal(half[0].params, half[1].params); }
+  { SCOPED_TRACE("fp16 traffic"); test::expect_bitwise_equal(half[0].params, half[1].params); }
   for (size_t i = 0; i < big[0].params.size(); ++i)
     EXPECT_TRUE(torch::allclose(half[0].params[i], big[0].params[i], 1e-2, 1e-3)) << "tensor " << i;
 }

@@ -67,6 +67,12 @@ class InjectOverflow : public mixtrain::Callback {
   std::function<bool(int64_t)> at_;
 };
 
+/// Every tensor of `a` equals its counterpart in `b`, element for element.
+inline void expect_bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
+}
+
 /// A fresh scratch directory under the build tree.
 inline std::string scratch_dir(const std::string& name) {
   const std::string dir = std::string(MIXTRAIN_TEST_TMP) + "/" + name;
