@@ -2,6 +2,7 @@
 #include "mixtrain/learner.h"
 
 #include "archive_util.h"
+#include "first_line.h"
 #include "mixtrain/atomic_file.h"
 #include "mixtrain/amp/master_weights.h"
 #include "mixtrain/amp/mixed_precision.h"
@@ -84,7 +85,7 @@ std::pair<const char*, size_t> checked_archive(const char* data, size_t size, co
   return {data + kHeaderSize, body};
 }
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+using detail::first_line;
 
 std::string precision_tag(const Learner& learn) {
   if (auto mp = learn.get_cb<amp::MixedPrecision>()) return std::string("mixed_precision:") + c10::toString(mp->dtype());

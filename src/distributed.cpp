@@ -2,6 +2,8 @@
 // move between versions; they are included here only.
 #include "mixtrain/distributed.h"
 
+#include "first_line.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -59,10 +61,19 @@ struct ProcessGroup::Impl {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      const std::string msg = e.what();
       TORCH_CHECK(false, "distributed ", what, " failed on rank ", rank, " (a peer died or timed out): ",
-                  msg.substr(0, msg.find('\n')));
+                  detail::first_line(e.what()));
     }
+  }
+
+  void all_reduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp op) {
+    c10d::AllreduceOptions o;
+    o.reduceOp = op;
+    for (auto& t : tensors)
+      via_supported_dtype(t, [&](torch::Tensor& x) {
+        std::vector<torch::Tensor> one{x};
+        run(gloo->allreduce(one, o), "all-reduce");
+      });
   }
 };
 
@@ -93,9 +104,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const Env& env, std::chrono:
     options->threads = 2;
     impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, env.rank, env.world_size, options);
   } catch (const std::exception& e) {
-    const std::string msg = e.what();
     TORCH_CHECK(false, "rank ", env.rank, " could not join the process group at ", env.master_addr, ":",
-                env.master_port, " within ", timeout.count() / 1000.0, " s: ", msg.substr(0, msg.find('\n')));
+                env.master_port, " within ", timeout.count() / 1000.0, " s: ", detail::first_line(e.what()));
   }
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
@@ -113,25 +123,8 @@ void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
     });
 }
 
-void ProcessGroup::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::SUM;
-  for (auto& t : tensors)
-    via_supported_dtype(t, [&](torch::Tensor& x) {
-      std::vector<torch::Tensor> one{x};
-      impl_->run(impl_->gloo->allreduce(one, o), "all-reduce");
-    });
-}
-
-void ProcessGroup::all_reduce_max(std::vector<torch::Tensor>& tensors) {
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::MAX;
-  for (auto& t : tensors)
-    via_supported_dtype(t, [&](torch::Tensor& x) {
-      std::vector<torch::Tensor> one{x};
-      impl_->run(impl_->gloo->allreduce(one, o), "all-reduce");
-    });
-}
+void ProcessGroup::all_reduce_sum(std::vector<torch::Tensor>& tensors) { impl_->all_reduce(tensors, c10d::ReduceOp::SUM); }
+void ProcessGroup::all_reduce_max(std::vector<torch::Tensor>& tensors) { impl_->all_reduce(tensors, c10d::ReduceOp::MAX); }
 
 void ProcessGroup::barrier() { impl_->run(impl_->gloo->barrier(), "barrier"); }
 

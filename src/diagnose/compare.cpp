@@ -1,5 +1,7 @@
 #include "mixtrain/diagnose/compare.h"
 
+#include "../first_line.h"
+
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
@@ -73,8 +75,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   try {
     amp::check_precision_supported(o.dtype(), baseline->device().type(), o.allow_fp16_emulation());
   } catch (const c10::Error& e) {
-    ev.unsupported = e.what_without_backtrace();
-    ev.unsupported = ev.unsupported.substr(0, ev.unsupported.find('\n'));
+    ev.unsupported = mixtrain::detail::first_line(e.what_without_backtrace());
   } catch (const std::exception& e) {
     ev.unsupported = e.what();
   }
