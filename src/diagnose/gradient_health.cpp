@@ -1,5 +1,7 @@
 #include "mixtrain/diagnose/gradient_health.h"
 
+#include "diagnostic_pass.h"
+
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/learner.h"
 
@@ -44,16 +46,12 @@ GradientHealth gradient_health(torch::nn::Module& model, double scale) {
 
 GradientHealth measure_gradients(Learner& learn, const data::Batch& batch, double scale) {
   torch::nn::Module& module = learn.model().module();
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
-  for (auto& b : module.buffers(/*recurse=*/true)) buffers.emplace_back(b, b.clone());
+  const detail::DiagnosticPass pass(module);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> grads;  // (param, its gradient before)
   for (auto& p : module.parameters(/*recurse=*/true)) {
     grads.emplace_back(p, p.grad().defined() ? p.grad().clone() : torch::Tensor());
     p.mutable_grad() = torch::Tensor();
   }
-  const bool was_training = module.is_training();
-  module.train();
-
   const torch::Device device = learn.device();
   torch::Tensor pred = learn.model().forward(batch.x.to(device));
   if (pred.is_floating_point()) pred = pred.to(torch::kFloat);
@@ -62,8 +60,6 @@ GradientHealth measure_gradients(Learner& learn, const data::Batch& batch, doubl
 
   torch::NoGradGuard no_grad;
   for (auto& [p, g] : grads) p.mutable_grad() = g;
-  for (auto& [live, saved] : buffers) live.copy_(saved);
-  module.train(was_training);
   return h;
 }
 

@@ -3,6 +3,7 @@
 #include "mixtrain/diagnose/overflow_trace.h"
 
 #include "../amp/dispatch_mode.h"
+#include "diagnostic_pass.h"
 #include "mixtrain/amp/autocast.h"
 #include "mixtrain/amp/fp16_emulation.h"
 #include "mixtrain/learner.h"
@@ -180,12 +181,7 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
   const torch::Device device = learn.device();
   const torch::Tensor x = batch.x.to(device), y = batch.y.to(device);
 
-  // BatchNorm updates its running statistics in training mode: put them back after.
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
-  for (auto& b : module.buffers(/*recurse=*/true)) buffers.emplace_back(b, b.clone());
-  const bool was_training = module.is_training();
-  module.train();
-
+  const detail::DiagnosticPass pass(module);
   Tracer tracer(module);
   OverflowTrace trace;
   {
@@ -206,10 +202,6 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
     trace.loss = loss.item<double>();
   }
   trace.input_nonfinite = x.is_floating_point() && !torch::isfinite(x).all().item<bool>();
-
-  torch::NoGradGuard no_grad;
-  for (auto& [live, saved] : buffers) live.copy_(saved);
-  module.train(was_training);
   return trace;
 }
 
