@@ -318,6 +318,19 @@ mixtrain::data::DatasetSplit load_split(const TrainArgs& a) {
   return split;
 }
 
+/// The Learner train and doctor share: the model, data, loss and accuracy the
+/// flags name, with gradient clipping and accumulation when asked for.
+std::unique_ptr<mixtrain::Learner> build_learner(const TrainArgs& a, const mixtrain::data::DatasetSplit& split,
+                                                 bool progress) {
+  auto learn = std::make_unique<mixtrain::Learner>(
+      mixtrain::models::by_name(a.model), mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed),
+      mixtrain::cross_entropy(), mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}).progress(progress));
+  // Orders 20 and 5: they run after / before the precision callbacks added later, whatever the insertion order.
+  if (a.clip > 0) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
+  if (a.accum > 1) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
+  return learn;
+}
+
 int run_train(TrainArgs a) {
   validate(a);
   const int threads = mixtrain::configure_threads(a.threads);
@@ -345,9 +358,8 @@ int run_train(TrainArgs a) {
   std::shared_ptr<mixtrain::distributed::ProcessGroup> group;
   if (env.active()) group = mixtrain::distributed::ProcessGroup::connect(env);
 
-  mixtrain::Learner learn(mixtrain::models::by_name(a.model),
-                          mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed), mixtrain::cross_entropy(),
-                          mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}).progress(writer));
+  const std::unique_ptr<mixtrain::Learner> learner = build_learner(a, split, writer);
+  mixtrain::Learner& learn = *learner;
   std::shared_ptr<mixtrain::callbacks::DataParallel> data_parallel;
   if (group) {
     data_parallel = std::make_shared<mixtrain::callbacks::DataParallel>(
@@ -360,9 +372,6 @@ int run_train(TrainArgs a) {
   if (a.precision == "fp16") learn.to_fp16(a.scaler, !a.no_emulation);
   if (a.precision == "bf16") learn.to_bf16();
   if (a.precision == "bf16-master") learn.to_half(a.master.dtype(torch::kBFloat16));
-
-  if (a.clip > 0) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
-  if (a.accum > 1) learn.add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
   // Data-parallel ranks stop on the agreed request, at the same batch on every rank.
   auto checkpointer = std::make_shared<mixtrain::callbacks::Checkpointer>(
       a.out, a.save_every, a.keep, group ? &g_stop_agreed : &g_stop_requested, writer);
@@ -445,12 +454,7 @@ int run_doctor(TrainArgs a) {
   mixtrain::diagnose::LearnerFactory factory = [&]() {
     std::cout << (built++ == 0 ? "doctor: 1/2 fp32 baseline" : "doctor: 2/2 " + a.precision + " run, same seed, "
                                                                 "weights and data order") << std::endl;
-    auto learn = std::make_unique<mixtrain::Learner>(
-        mixtrain::models::by_name(a.model), mixtrain::data::DataLoaders::from_split(split, a.bs, a.seed),
-        mixtrain::cross_entropy(), mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}));
-    if (a.clip > 0) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(a.clip));
-    if (a.accum > 1) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(a.accum));
-    return learn;
+    return build_learner(a, split, /*progress=*/true);
   };
   std::cout << "mixtrain doctor: model " << a.model << ", " << split.train.size() << " train images, " << a.epochs
             << " epoch(s), lr " << a.lr << ", bs " << a.bs << ", fp32 vs " << a.precision << ", " << threads
