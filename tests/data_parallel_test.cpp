@@ -40,6 +40,14 @@ std::vector<RankResult> train_ranks(int world, int64_t bs, int epochs, const Con
   const int port = next_port();
   std::vector<RankResult> results(world);
   std::vector<std::string> errors(world);
+  // Different initial weights per rank: the broadcast must make them rank 0's.
+  // They are built here, not in the rank threads: torch's generator is global to
+  // the process, and two threads seeding it at once made rank 0's weights random.
+  std::vector<nn::Sequential> nets;
+  for (int rank = 0; rank < world; ++rank) {
+    torch::manual_seed(100 + rank);
+    nets.push_back(rank == 0 ? make_mlp() : nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3)));
+  }
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
@@ -47,10 +55,7 @@ std::vector<RankResult> train_ranks(int world, int64_t bs, int epochs, const Con
         torch::set_num_threads(1);
         auto group = distributed::ProcessGroup::connect({rank, world, rank, "127.0.0.1", port},
                                                        std::chrono::seconds(30));
-        // Different initial weights per rank: the broadcast must make them rank 0's.
-        torch::manual_seed(100 + rank);
-        nn::Sequential net(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3));
-        if (rank == 0) net = make_mlp();
+        nn::Sequential net = nets[rank];
         Learner learn(Model(net), data::DataLoaders::from_split({train, valid}, bs, 11), cross_entropy(),
                       LearnerOptions().progress(false));
         learn.add_cb(std::make_shared<callbacks::DataParallel>(group, dp_options));
