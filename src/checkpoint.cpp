@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -91,6 +92,13 @@ std::string precision_tag(const Learner& learn) {
   if (auto mp = learn.get_cb<amp::MixedPrecision>()) return std::string("mixed_precision:") + c10::toString(mp->dtype());
   if (auto mw = learn.get_cb<amp::MasterWeights>()) return std::string("master_weights:") + c10::toString(mw->options().dtype());
   return "fp32";
+}
+
+std::vector<std::string> split_keys(const std::string& joined) {
+  std::vector<std::string> keys;
+  std::istringstream in(joined);
+  for (std::string k; std::getline(in, k, ',');) keys.push_back(k);
+  return keys;
 }
 
 std::string joined_state_keys(const std::vector<CallbackPtr>& cbs) {
@@ -196,12 +204,33 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
     TORCH_CHECK(ar.try_read("mixtrain.precision", tag) && tag.isString(), "no precision entry");
     TORCH_CHECK(tag.toStringRef() == precision_tag(*this), "saved in precision mode '", tag.toStringRef(),
                 "' but this learner uses '", precision_tag(*this), "'");
-    c10::IValue keys;
-    TORCH_CHECK(ar.try_read("mixtrain.callbacks", keys) && keys.isString(), "no callback list");
-    TORCH_CHECK(keys.toStringRef() == joined_state_keys(cbs_), "saved with stateful callbacks [", keys.toStringRef(),
-                "] but this learner has [", joined_state_keys(cbs_), "]");
     return 0;
   });
+  guarded("callbacks", [&] {
+    c10::IValue keys;
+    TORCH_CHECK(ar.try_read("mixtrain.callbacks", keys) && keys.isString(), "no callback list");
+    const std::string saved = keys.toStringRef(), here = joined_state_keys(cbs_);
+    if (saved == here) return 0;
+    // Name the callback that differs: "data_parallel" tells a user more than two lists.
+    const auto saved_keys = split_keys(saved), here_keys = split_keys(here);
+    for (const auto& k : saved_keys)
+      TORCH_CHECK(std::find(here_keys.begin(), here_keys.end(), k) != here_keys.end(), "it holds state for callback '",
+                  k, "', which this learner does not have");
+    for (const auto& k : here_keys)
+      TORCH_CHECK(std::find(saved_keys.begin(), saved_keys.end(), k) != saved_keys.end(),
+                  "it holds no state for this learner's callback '", k, "'");
+    TORCH_CHECK(false, "saved with stateful callbacks [", saved, "] but this learner has [", here, "]");
+    return 0;
+  });
+  for (const auto& cb : cbs_) {
+    if (cb->state_key().empty()) continue;
+    guarded(cb->state_key() + " state", [&] {
+      torch::serialize::InputArchive sub;
+      ar.read("callback." + cb->state_key(), sub);
+      cb->check_state(sub);
+      return 0;
+    });
+  }
   std::vector<std::pair<torch::Tensor, torch::Tensor>> model_copies;  // (destination, loaded)
   guarded("model", [&] {
     const auto params = model_.module().named_parameters(/*recurse=*/true);

@@ -169,6 +169,31 @@ TEST_F(CheckpointTest, WrongModelOrPrecisionIsNamed) {
   EXPECT_THROW_WITH(resumed.fit(2, 1e-2), "resume it with the same number of epochs");
 }
 
+/// A stateful callback that refuses every saved state, as DataParallel refuses
+/// a checkpoint from another world size.
+struct Picky : Callback {
+  std::string state_key() const override { return "picky"; }
+  void save_state(torch::serialize::OutputArchive& ar) const override { ar.write("version", torch::tensor(1)); }
+  void check_state(torch::serialize::InputArchive&) const override { TORCH_CHECK(false, "picky refuses"); }
+};
+
+TEST_F(CheckpointTest, CallbackStateMismatchIsNamedAndLeavesTheLearnerAsItWas) {
+  const std::string dir = test::scratch_dir("ckpt_callbacks");
+  Learner learn = make_learner(Mode::kFp32);
+  learn.fit(1, 1e-2);
+  learn.save(dir + "/plain.pt");
+  learn.add_cb(std::make_shared<Picky>());
+  learn.save(dir + "/picky.pt");
+
+  Learner fresh = make_learner(Mode::kFp32, 77);
+  const auto before = state_of(fresh);
+  EXPECT_THROW_WITH(fresh.load(dir + "/picky.pt"), "callbacks: it holds state for callback 'picky', which this learner does not have");
+  fresh.add_cb(std::make_shared<Picky>());
+  EXPECT_THROW_WITH(fresh.load(dir + "/plain.pt"), "callbacks: it holds no state for this learner's callback 'picky'");
+  EXPECT_THROW_WITH(fresh.load(dir + "/picky.pt"), "picky state: picky refuses");
+  test::expect_bitwise_equal(state_of(fresh), before);  // refused before the model was touched
+}
+
 TEST_F(CheckpointTest, SaveReplacesAtomicallyAndAnInterruptedSaveLeavesThePreviousFile) {
   const std::string dir = test::scratch_dir("ckpt_atomic");
   Learner learn = make_learner(Mode::kFp32);

@@ -99,6 +99,10 @@ class Callback {
   virtual std::string state_key() const { return ""; }
   /// Writes what an exact resume needs (called by Learner::save).
   virtual void save_state(torch::serialize::OutputArchive&) const {}
+  /// Throws, naming the mismatch, when the saved state cannot continue in this
+  /// callback. Learner::load calls it for every callback before it changes
+  /// anything, so a refused checkpoint leaves the Learner as it was.
+  virtual void check_state(torch::serialize::InputArchive&) const {}
   /// Restores it (called by Learner::load).
   virtual void load_state(torch::serialize::InputArchive&) {}
 

@@ -4,6 +4,8 @@
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/learner.h"
 
+#include "../archive_util.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -18,6 +20,16 @@ DataParallel::DataParallel(std::shared_ptr<distributed::ProcessGroup> group, Dat
                   options_.comm_dtype() == c10::ScalarType::BFloat16,
               "DataParallel: comm_dtype must be Float, Half or BFloat16, got ", options_.comm_dtype());
   order = 1;
+}
+
+void DataParallel::save_state(torch::serialize::OutputArchive& ar) const {
+  detail::write_i64(ar, "world_size", group_->world_size());
+}
+
+void DataParallel::check_state(torch::serialize::InputArchive& ar) const {
+  const int64_t saved = detail::read_i64(ar, "world_size");
+  TORCH_CHECK(saved == group_->world_size(), "saved by a run of ", saved, " ranks but this run has ",
+              group_->world_size(), "; resume with the same number of ranks");
 }
 
 void DataParallel::before_fit(Learner& learn) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +26,8 @@ struct Rank {
   bool running = true;
   int code = 0;
 };
+
+constexpr int kInterrupted = 130;
 
 std::vector<pid_t> g_children;  // for the signal handler
 std::atomic<int> g_forward_signal{0};
@@ -63,6 +66,7 @@ bool pump(int rank, Rank& r) {
 int launch(const std::string& exe, const std::vector<std::string>& args, const LaunchOptions& o) {
   std::vector<Rank> ranks(o.nproc);
   g_children.assign(o.nproc, -1);
+  const pid_t launcher = ::getpid();
   for (int k = 0; k < o.nproc; ++k) {
     int fds[2];
     if (::pipe(fds) != 0) {
@@ -75,6 +79,14 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
       return 2;
     }
     if (pid == 0) {
+      // Its own process group: a Ctrl-C at the terminal reaches the launcher
+      // only, which forwards it once. Had the ranks received it from the
+      // terminal as well, they would count two signals and exit at once,
+      // without the checkpoint that one signal asks for.
+      ::setpgid(0, 0);
+      // Out of the terminal's reach, a rank must still not outlive its launcher.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(1);
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
       ::close(fds[0]);
@@ -105,6 +117,7 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
   ::sigaction(SIGTERM, &sa, nullptr);
 
   int first_failure = -1;
+  bool interrupted = false;
   using clock = std::chrono::steady_clock;
   clock::time_point stop_deadline{};
   bool killed = false;
@@ -146,7 +159,12 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
       r.running = false;
       g_children[k] = -1;
       r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (r.code != 0 && first_failure < 0) {
+      // 130 is an interrupted rank (mixtrain train's code, or 128 + SIGINT): the
+      // stop travels through the group, the others stop at the same batch and
+      // rank 0 saves a checkpoint, so nobody is hurried. Should a peer hang
+      // instead, the process group's timeout fails it.
+      if (r.code == kInterrupted) interrupted = true;
+      if (r.code != 0 && r.code != kInterrupted && first_failure < 0) {
         first_failure = k;
         if (running() > 0) {
           std::cerr << "mixtrain launch: rank " << k << " exited with code " << r.code << "; stopping the other ranks"
@@ -162,6 +180,10 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
         if (other.running) ::kill(other.pid, SIGKILL);
       killed = true;
     }
+  }
+  if (first_failure < 0 && interrupted) {
+    std::cerr << "mixtrain launch: interrupted; every rank stopped" << std::endl;
+    return kInterrupted;
   }
   if (first_failure < 0) return 0;
   const int code = ranks[first_failure].code;

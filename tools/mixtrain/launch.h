@@ -16,9 +16,13 @@ struct LaunchOptions {
 
 /// Runs `exe args...` as ranks 0..nproc-1 with RANK, WORLD_SIZE, LOCAL_RANK,
 /// MASTER_ADDR and MASTER_PORT set, prefixing each output line with "[rank k] ".
-/// SIGINT/SIGTERM to the launcher are forwarded to every rank. When a rank
-/// fails, the others are stopped. Returns 0 when all ranks succeed, else the
-/// first failing rank's exit code (128 + signal for a signal).
+/// Each rank runs in its own process group, so SIGINT/SIGTERM reach the ranks
+/// once, forwarded by the launcher (a terminal's Ctrl-C included), and a rank
+/// gets SIGTERM if the launcher dies. When a rank fails, the others are
+/// stopped; a rank that exits 130 (interrupted) is not a failure, and the others
+/// are left to stop with it. Returns 0 when all ranks succeed, 130 when they
+/// were interrupted, else the first failing rank's exit code (128 + signal for
+/// a signal).
 int launch(const std::string& exe, const std::vector<std::string>& args, const LaunchOptions& options);
 
 } // namespace mixtrain_cli

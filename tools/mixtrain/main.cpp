@@ -376,15 +376,17 @@ int run_train(TrainArgs a) {
   auto checkpointer = std::make_shared<mixtrain::callbacks::Checkpointer>(
       a.out, a.save_every, a.keep, group ? &g_stop_agreed : &g_stop_requested, writer);
   learn.add_cb(checkpointer);
-  if (a.interrupt_at_step >= 0) learn.add_cb(std::make_shared<RaiseSigintAt>(a.interrupt_at_step));
+  // Testing aids act on the last rank only: the others must learn of it through the group.
+  const bool last_rank = env.rank == env.world_size - 1;
+  if (a.interrupt_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<RaiseSigintAt>(a.interrupt_at_step));
   auto nan_stop = std::make_shared<mixtrain::callbacks::TerminateOnNaN>(a.max_bad_steps, checkpointer);
   learn.add_cb(nan_stop);
   if (!checkpoint.empty()) {
     learn.load(checkpoint);
     std::cout << "mixtrain train: resuming " << a.out << " from " << checkpoint << std::endl;
   }
-  if (a.abort_at_step >= 0 && env.rank == env.world_size - 1) learn.add_cb(std::make_shared<AbortAt>(a.abort_at_step));
-  if (a.inject_overflow_at_step >= 0 && env.rank == env.world_size - 1)
+  if (a.abort_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<AbortAt>(a.abort_at_step));
+  if (a.inject_overflow_at_step >= 0 && last_rank)
     learn.add_cb(std::make_shared<InjectOverflowAt>(a.inject_overflow_at_step));
   if (writer) learn.add_cb(std::make_shared<mixtrain::callbacks::CSVLogger>(a.out));
   auto summary = std::make_shared<mixtrain::callbacks::SummaryWriter>(
@@ -416,8 +418,11 @@ int run_train(TrainArgs a) {
   install_stop_handlers();
   learn.fit_one_cycle(a.epochs, a.lr);
   if (checkpointer->interrupted()) {
-    std::cerr << "mixtrain: interrupted; checkpoint saved to " << checkpointer->last_path()
-              << "; resume with: mixtrain train --resume " << a.out << std::endl;
+    // Every rank stopped at the same batch; rank 0 wrote the checkpoint.
+    const std::string again = group ? "mixtrain launch --nproc " + std::to_string(env.world_size) + " -- train" : "mixtrain train";
+    if (writer)
+      std::cerr << "mixtrain: interrupted; checkpoint saved to " << checkpointer->last_path()
+                << "; resume with: " << again << " --resume " << a.out << std::endl;
     return 130;
   }
   if (nan_stop->triggered()) {

@@ -55,6 +55,12 @@ class DataParallel : public Callback {
   double comm_seconds() const { return comm_seconds_; }
   int64_t comm_steps() const { return comm_steps_; }
 
+  /// The world size is saved: a run resumes exactly only with as many ranks
+  /// (each rank's shard of the epoch depends on it), so another count is refused.
+  std::string state_key() const override { return "data_parallel"; }
+  void save_state(torch::serialize::OutputArchive& ar) const override;
+  void check_state(torch::serialize::InputArchive& ar) const override;
+
   void before_fit(Learner& learn) override;
   void after_loss(Learner& learn) override;
   void after_backward(Learner& learn) override;
