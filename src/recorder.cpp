@@ -4,6 +4,7 @@
 
 #include "archive_util.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -111,6 +112,10 @@ void Recorder::after_epoch(Learner& learn) {
   for (auto it = steps_.end() - epoch_steps_; it != steps_.end(); ++it) epoch_skipped_ += it->skipped;
   e.skipped = epoch_skipped_;
   epochs_.push_back(std::move(e));
+}
+
+int64_t Recorder::skipped_steps() const {
+  return std::count_if(steps_.begin(), steps_.end(), [](const StepRecord& s) { return s.skipped; });
 }
 
 void Recorder::save_state(torch::serialize::OutputArchive& ar) const {

@@ -56,6 +56,7 @@ TEST_F(MixedPrecisionTest, InjectedOverflowsAreSkippedRecordedAndKept) {
   auto mp = learn.mixed_precision();
   ASSERT_NE(mp, nullptr);
   EXPECT_EQ(mp->skipped_steps(), 3);
+  EXPECT_EQ(learn.recorder().skipped_steps(), 3);  // the Recorder keeps the count after fit
   EXPECT_EQ(mp->scales().size(), 8u);
   // The logged loss is the unscaled one.
   EXPECT_LT(steps[0].loss, 10.0);

@@ -50,6 +50,8 @@ class Recorder : public Callback {
   const std::vector<EpochRecord>& values() const { return epochs_; }
   /// Every training step, skipped ones included.
   const std::vector<StepRecord>& steps() const { return steps_; }
+  /// How many of them the loss scaler (or master weights) skipped.
+  int64_t skipped_steps() const;
   /// Mutable access to the latest step, for callbacks that add columns (scale, skipped).
   StepRecord& last_step();
   /// Names of the metric columns.

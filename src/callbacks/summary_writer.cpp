@@ -2,6 +2,8 @@
 
 #include "mixtrain/learner.h"
 
+#include "../json_number.h"
+
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
@@ -12,12 +14,11 @@
 namespace mixtrain::callbacks {
 
 namespace {
-/// JSON has no NaN/Inf: write null for them (a diverged run must still produce a file).
-nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+using detail::json_number;
 /// Counts (threads, seed, batch size) read better as JSON integers.
 nlohmann::json number_or_integer(double v) {
   if (std::isfinite(v) && v == std::floor(v) && std::abs(v) < 9e15) return nlohmann::json(static_cast<int64_t>(v));
-  return number(v);
+  return json_number(v);
 }
 } // namespace
 
@@ -41,26 +42,24 @@ void SummaryWriter::after_fit(Learner& learn) {
   j["epochs"] = rec.values().size();
   if (!rec.values().empty()) {
     const EpochRecord& last = rec.values().back();
-    j["train_loss"] = number(last.train_loss);
-    j["valid_loss"] = number(last.valid_loss);
+    j["train_loss"] = json_number(last.train_loss);
+    j["valid_loss"] = json_number(last.valid_loss);
     const auto names = rec.metric_names();
-    for (size_t i = 0; i < names.size() && i < last.metrics.size(); ++i) j["valid_" + names[i]] = number(last.metrics[i]);
+    for (size_t i = 0; i < names.size() && i < last.metrics.size(); ++i) j["valid_" + names[i]] = json_number(last.metrics[i]);
   }
   j["steps"] = rec.steps().size();
   // Loss-scale outcome: how many steps were skipped, where the scale ended and its low point.
-  int64_t skipped = 0;
   double final_scale = NAN, min_scale = NAN;
   for (const auto& s : rec.steps()) {
-    skipped += s.skipped;
     if (!std::isfinite(s.scale)) continue;
     final_scale = s.scale;
     min_scale = std::isfinite(min_scale) ? std::min(min_scale, s.scale) : s.scale;
   }
-  j["skipped_steps"] = skipped;
-  j["final_scale"] = number(final_scale);
-  j["min_scale_seen"] = number(min_scale);
+  j["skipped_steps"] = rec.skipped_steps();
+  j["final_scale"] = json_number(final_scale);
+  j["min_scale_seen"] = json_number(min_scale);
   j["seconds"] = seconds;
-  j["samples_per_second"] = number(train_seconds > 0 ? samples / train_seconds : NAN);
+  j["samples_per_second"] = json_number(train_seconds > 0 ? samples / train_seconds : NAN);
   j["torch_version"] = TORCH_VERSION;
   for (const auto& kv : text_fields_) j[kv.first] = kv.second;
   for (const auto& kv : number_fields_) j[kv.first] = number_or_integer(kv.second);

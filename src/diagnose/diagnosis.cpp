@@ -1,5 +1,7 @@
 #include "mixtrain/diagnose/diagnosis.h"
 
+#include "../json_number.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -254,11 +256,10 @@ nlohmann::json finding_json(const OpFinding& f) {
           {"max_abs", f.max_abs}, {"nonfinite", f.nonfinite}, {"fp16", f.fp16}, {"index", f.index}};
 }
 
-/// JSON has no NaN/Inf: they become null.
-nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+using mixtrain::detail::json_number;
 
 nlohmann::json trace_json(const OverflowTrace& t) {
-  nlohmann::json j{{"ops_traced", t.ops_traced}, {"input_nonfinite", t.input_nonfinite}, {"loss", number(t.loss)}};
+  nlohmann::json j{{"ops_traced", t.ops_traced}, {"input_nonfinite", t.input_nonfinite}, {"loss", json_number(t.loss)}};
   j["first_overflow"] = t.first_overflow ? finding_json(*t.first_overflow) : nlohmann::json(nullptr);
   j["first_fp32_nonfinite"] = t.first_fp32_nonfinite ? finding_json(*t.first_fp32_nonfinite) : nlohmann::json(nullptr);
   j["at_risk"] = nlohmann::json::array();
@@ -271,12 +272,12 @@ nlohmann::json run_json(const RunEvidence& r) {
   nlohmann::json j{{"precision", r.precision},
                    {"emulated", r.emulated},
                    {"steps", s.steps},
-                   {"first_loss", number(r.first_loss)},
-                   {"final_loss", number(r.final_loss)},
-                   {"valid_loss", number(r.valid_loss)},
+                   {"first_loss", json_number(r.first_loss)},
+                   {"final_loss", json_number(r.final_loss)},
+                   {"valid_loss", json_number(r.valid_loss)},
                    {"nonfinite_losses", s.nonfinite_losses},
                    {"first_nonfinite_step", s.first_nonfinite_step}};
-  for (size_t i = 0; i < r.metric_names.size() && i < r.metrics.size(); ++i) j[r.metric_names[i]] = number(r.metrics[i]);
+  for (size_t i = 0; i < r.metric_names.size() && i < r.metrics.size(); ++i) j[r.metric_names[i]] = json_number(r.metrics[i]);
   if (s.has_scale)
     j["scale_history"] = {{"skipped_steps", s.skipped},
                           {"skip_rate", s.skip_rate},
@@ -309,14 +310,14 @@ std::string Diagnosis::to_json() const {
     for (size_t i = 0; i < std::min<size_t>(e.gradients->params.size(), 8); ++i) {
       const auto& p = e.gradients->params[i];
       params.push_back({{"name", p.name}, {"numel", p.numel}, {"nonzero", p.nonzero}, {"underflow", p.underflow},
-                        {"overflow", p.overflow}, {"max_abs", number(p.max_abs)}});
+                        {"overflow", p.overflow}, {"max_abs", json_number(p.max_abs)}});
     }
     ev["gradient_health"] = {{"scale", e.gradients->scale}, {"underflow", e.gradients->underflow},
                              {"overflow", e.gradients->overflow}, {"params_worst_first", params}};
   }
   if (e.inputs)
-    ev["inputs"] = {{"numel", e.inputs->numel}, {"nonfinite", e.inputs->nonfinite}, {"mean", number(e.inputs->mean)},
-                    {"std", number(e.inputs->std)}, {"min", number(e.inputs->min)}, {"max", number(e.inputs->max)},
+    ev["inputs"] = {{"numel", e.inputs->numel}, {"nonfinite", e.inputs->nonfinite}, {"mean", json_number(e.inputs->mean)},
+                    {"std", json_number(e.inputs->std)}, {"min", json_number(e.inputs->min)}, {"max", json_number(e.inputs->max)},
                     {"raw_pixels", e.inputs->raw_pixels}, {"unnormalized", e.inputs->unnormalized},
                     {"findings", e.inputs->findings}};
   nlohmann::json j{{"verdict", to_string(verdict)}, {"headline", headline}, {"findings", findings},

@@ -118,12 +118,6 @@ uint32_t parameter_crc32(mixtrain::Learner& learn) {
   return static_cast<uint32_t>(crc);
 }
 
-int64_t skipped_steps(mixtrain::Learner& learn) {
-  int64_t n = 0;
-  for (const auto& s : learn.recorder().steps()) n += s.skipped;
-  return n;
-}
-
 // ---- The run's own flags, kept in OUT/args.json so that --resume needs nothing else.
 nlohmann::json args_to_json(const TrainArgs& a) {
   return {{"data", a.data}, {"model", a.model}, {"epochs", a.epochs}, {"lr", a.lr}, {"bs", a.bs}, {"seed", a.seed},
@@ -434,7 +428,7 @@ int run_train(TrainArgs a) {
   if (group) {
     // Lets a person (and the tests) see that every rank ended with the same weights.
     std::printf("rank %d: parameters and buffers crc32 %08x, skipped %lld, gradient all-reduce %.1f ms/step\n", env.rank,
-                parameter_crc32(learn), static_cast<long long>(skipped_steps(learn)),
+                parameter_crc32(learn), static_cast<long long>(learn.recorder().skipped_steps()),
                 1000 * data_parallel->comm_seconds() / std::max<int64_t>(1, data_parallel->comm_steps()));
   }
   if (writer)
