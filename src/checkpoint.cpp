@@ -222,15 +222,19 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
     TORCH_CHECK(false, "saved with stateful callbacks [", saved, "] but this learner has [", here, "]");
     return 0;
   });
-  for (const auto& cb : cbs_) {
-    if (cb->state_key().empty()) continue;
-    guarded(cb->state_key() + " state", [&] {
-      torch::serialize::InputArchive sub;
-      ar.read("callback." + cb->state_key(), sub);
-      cb->check_state(sub);
-      return 0;
-    });
-  }
+  // Each stateful callback's entry, read under an error that names the callback.
+  auto for_each_callback_state = [&](const auto& use) {
+    for (const auto& cb : cbs_) {
+      if (cb->state_key().empty()) continue;
+      guarded(cb->state_key() + " state", [&] {
+        torch::serialize::InputArchive sub;
+        ar.read("callback." + cb->state_key(), sub);
+        use(*cb, sub);
+        return 0;
+      });
+    }
+  };
+  for_each_callback_state([](Callback& cb, torch::serialize::InputArchive& sub) { cb.check_state(sub); });
   std::vector<std::pair<torch::Tensor, torch::Tensor>> model_copies;  // (destination, loaded)
   guarded("model", [&] {
     const auto params = model_.module().named_parameters(/*recurse=*/true);
@@ -277,15 +281,7 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
     opt().load(opt_ar);
     return 0;
   });
-  for (const auto& cb : cbs_) {
-    if (cb->state_key().empty()) continue;
-    guarded(cb->state_key() + " state", [&] {
-      torch::serialize::InputArchive sub;
-      ar.read("callback." + cb->state_key(), sub);
-      cb->load_state(sub);
-      return 0;
-    });
-  }
+  for_each_callback_state([](Callback& cb, torch::serialize::InputArchive& sub) { cb.load_state(sub); });
   at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle sharing the global state
   global.set_state(global_rng);
   next_epoch_ = resume->epoch;
