@@ -1,6 +1,7 @@
 #include "mixtrain/diagnose/diagnosis.h"
 
 #include "../json_number.h"
+#include "short_number.h"
 
 #include <nlohmann/json.hpp>
 
@@ -24,14 +25,9 @@ const char* to_string(Verdict verdict) {
 
 namespace {
 
-std::string num(double v, int precision = 4) {
-  std::ostringstream s;
-  s.precision(precision);
-  s << v;
-  return s.str();
-}
+using detail::short_number;
 
-std::string pct(double fraction) { return num(100 * fraction, 3) + "%"; }
+std::string pct(double fraction) { return short_number(100 * fraction, 3) + "%"; }
 
 /// The loss both runs are compared on: validation when both have one, else train.
 std::pair<double, double> compared_losses(const RunEvidence& a, const RunEvidence& b) {
@@ -47,7 +43,7 @@ const OpFinding* first_overflow(const Evidence& e) {
 
 std::string overflow_sentence(const OpFinding& f) {
   return "the fp16 forward pass overflows first at " + f.where() + ": outputs reach " +
-         (f.max_abs > kFp16Max ? num(f.max_abs) : std::string("inf")) + " (fp16 max 65504)" +
+         (f.max_abs > kFp16Max ? short_number(f.max_abs) : std::string("inf")) + " (fp16 max 65504)" +
          (f.nonfinite ? ", " + std::to_string(f.nonfinite) + " values inf/NaN" : "");
 }
 
@@ -56,8 +52,8 @@ std::string scale_sentence(const ScaleAnalysis& s) {
   for (size_t i = 0; i < s.skip_rate_per_epoch.size(); ++i) epochs += (i ? ", " : "") + pct(s.skip_rate_per_epoch[i]);
   return std::to_string(s.skipped) + " of " + std::to_string(s.steps) + " steps skipped (" + pct(s.skip_rate) +
          (s.settling_steps > 0 ? ", the first " + std::to_string(s.settling_steps) + " in a row" : std::string()) +
-         "; per epoch: " + epochs + "); loss scale " + num(s.initial_scale) + " -> " + num(s.final_scale) +
-         " (lowest " + num(s.min_scale) + ", " + std::to_string(s.backoffs) + " back-offs, longest skip run " +
+         "; per epoch: " + epochs + "); loss scale " + short_number(s.initial_scale) + " -> " + short_number(s.final_scale) +
+         " (lowest " + short_number(s.min_scale) + ", " + std::to_string(s.backoffs) + " back-offs, longest skip run " +
          std::to_string(s.longest_skip_run) + ")";
 }
 
@@ -90,17 +86,17 @@ Diagnosis decide(Evidence e) {
     // Context that is not the deciding evidence but helps a reader.
     if (base && mixed && gap && !gap_said) {
       const auto [b, m] = compared_losses(*base, *mixed);
-      d.findings.push_back("final loss: fp32 " + num(b) + ", " + mixed_name + " " + num(m) + " (gap " + num(*gap, 3) +
+      d.findings.push_back("final loss: fp32 " + short_number(b) + ", " + mixed_name + " " + short_number(m) + " (gap " + short_number(*gap, 3) +
                            "%)");
     }
     if (mixed && mixed->scale.has_scale && v != Verdict::kGradientOverflow) d.findings.push_back(scale_sentence(mixed->scale));
     if (e.gradients && v != Verdict::kUnderflow)
-      d.findings.push_back("gradients at scale " + num(e.gradients->scale) + ": " + pct(e.gradients->underflow) +
+      d.findings.push_back("gradients at scale " + short_number(e.gradients->scale) + ": " + pct(e.gradients->underflow) +
                            " would flush to zero in fp16, " + pct(e.gradients->overflow) + " would overflow");
     const OverflowTrace* t = e.trace_start ? &*e.trace_start : nullptr;
     if (t && !t->at_risk.empty() && v != Verdict::kForwardOverflow)
       d.findings.push_back("at risk (fp16 outputs above 2^14): " + t->at_risk.front().where() + " reaches " +
-                           num(t->at_risk.front().max_abs));
+                           short_number(t->at_risk.front().max_abs));
     if (e.inputs)
       for (const auto& f : e.inputs->findings)
         if (std::find(d.findings.begin(), d.findings.end(), "input check: " + f) == d.findings.end())
@@ -134,8 +130,8 @@ Diagnosis decide(Evidence e) {
         d.findings.push_back("the fp32 baseline fails too: " + std::to_string(base->scale.nonfinite_losses) +
                              " NaN/Inf losses, the first at step " + std::to_string(base->scale.first_nonfinite_step));
       else
-        d.findings.push_back("the fp32 baseline does not learn: loss " + num(base->first_loss) + " -> " +
-                             num(base->final_loss));
+        d.findings.push_back("the fp32 baseline does not learn: loss " + short_number(base->first_loss) + " -> " +
+                             short_number(base->final_loss));
       std::vector<std::string> fixes{"fix the model or the data first: fp16 is not the cause (fp32 fails the same way)"};
       if (e.inputs && e.inputs->nonfinite) fixes.push_back("remove or impute the NaN/Inf values in the inputs");
       if (e.inputs && e.inputs->unnormalized) fixes.push_back("normalize the inputs (mean 0, std 1)");
@@ -176,13 +172,13 @@ Diagnosis decide(Evidence e) {
                             (s->nonfinite_losses > 0 && s->skip_rate > kSkipRateProblem))) {
     d.findings.push_back(scale_sentence(*s));
     if (s->collapsed)
-      d.findings.push_back("the loss scale collapsed (repeated back-off down to " + num(s->min_scale) + ")");
+      d.findings.push_back("the loss scale collapsed (repeated back-off down to " + short_number(s->min_scale) + ")");
     if (s->nonfinite_losses > 0)
       d.findings.push_back(std::to_string(s->nonfinite_losses) + " losses were NaN/Inf mid-training, the first at step " +
                            std::to_string(s->first_nonfinite_step));
     if (e.gradients && e.gradients->overflow > 0)
       d.findings.push_back(pct(e.gradients->overflow) + " of gradient elements overflow fp16 at scale " +
-                           num(e.gradients->scale) + " (largest in " + e.gradients->params.front().name + ")");
+                           short_number(e.gradients->scale) + " (largest in " + e.gradients->params.front().name + ")");
     return finish(Verdict::kGradientOverflow,
                   "gradient_overflow: gradients overflow fp16 on " + pct(s->skip_rate) + " of steps" +
                       (s->collapsed ? " and the loss scale collapsed" : ""),
@@ -199,12 +195,12 @@ Diagnosis decide(Evidence e) {
   if (gap_problem || skip_problem || pinned || flushes) {
     if (gap_problem) {
       const auto [b, m] = compared_losses(*base, *mixed);
-      d.findings.push_back(mixed_name + " plateaus above fp32: final loss " + num(m) + " vs " + num(b) + " (" +
-                           num(*gap, 3) + "% worse)");
+      d.findings.push_back(mixed_name + " plateaus above fp32: final loss " + short_number(m) + " vs " + short_number(b) + " (" +
+                           short_number(*gap, 3) + "% worse)");
     }
     if (e.gradients)
       d.findings.push_back(pct(e.gradients->underflow) + " of nonzero gradient elements flush to zero in fp16 at scale " +
-                           num(e.gradients->scale) +
+                           short_number(e.gradients->scale) +
                            (e.gradients->params.empty() ? std::string()
                                                         : " (worst: " + e.gradients->params.front().name + ", " +
                                                               pct(e.gradients->params.front().underflow) + ")"));
@@ -222,15 +218,15 @@ Diagnosis decide(Evidence e) {
       if (largest > 0) {
         const double safe = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
         if (safe >= 4 * e.gradients->scale)
-          fixes.push_back("raise the loss scale: at " + num(e.gradients->scale) + " " + pct(e.gradients->underflow) +
-                          " of gradients flush to zero, and the largest gradient (" + num(largest) + ") leaves room up to " +
-                          num(safe) + " (to_fp16 init_scale, --init-scale)");
+          fixes.push_back("raise the loss scale: at " + short_number(e.gradients->scale) + " " + pct(e.gradients->underflow) +
+                          " of gradients flush to zero, and the largest gradient (" + short_number(largest) + ") leaves room up to " +
+                          short_number(safe) + " (to_fp16 init_scale, --init-scale)");
       }
     }
     if (skip_problem && s->settling_steps * 2 >= s->skipped)
       fixes.push_back("start the scaler lower: the first " + std::to_string(s->settling_steps) +
-                      " steps were skipped backing off from " + num(s->initial_scale) + " to " +
-                      num(s->settled_scale) + " (to_fp16 init_scale, --init-scale)");
+                      " steps were skipped backing off from " + short_number(s->initial_scale) + " to " +
+                      short_number(s->settled_scale) + " (to_fp16 init_scale, --init-scale)");
     else if (skip_problem)
       fixes.push_back("if steps are skipped: lower the learning rate or clip gradients (--clip 1.0)");
     fixes.push_back(
@@ -239,13 +235,13 @@ Diagnosis decide(Evidence e) {
     fixes.push_back("or stay in fp32");
     return finish(Verdict::kUnderflow,
                   "underflow: " + mixed_name + " learns less than fp32" +
-                      (gap_problem ? " (final loss " + num(*gap, 3) + "% higher)" : std::string()),
+                      (gap_problem ? " (final loss " + short_number(*gap, 3) + "% higher)" : std::string()),
                   fixes);
   }
 
   return finish(Verdict::kHealthy,
                 "healthy: " + mixed_name + " trains like fp32" +
-                    (gap ? " (final loss within " + num(std::abs(*gap), 2) + "%)" : std::string()),
+                    (gap ? " (final loss within " + short_number(std::abs(*gap), 2) + "%)" : std::string()),
                 {});
 }
 

@@ -1,22 +1,17 @@
 #include "mixtrain/diagnose/input_check.h"
 
+#include "short_number.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
-#include <sstream>
 
 namespace mixtrain::diagnose {
 
 namespace {
 constexpr double kMaxAbsMean = 3.0;
 constexpr double kMaxStd = 10.0;
-
-std::string fmt(double v) {
-  std::ostringstream s;
-  s.precision(4);
-  s << v;
-  return s.str();
-}
+using detail::short_number;
 } // namespace
 
 InputReport check_inputs(const torch::Tensor& input) {
@@ -41,11 +36,11 @@ InputReport check_inputs(const torch::Tensor& input) {
 
   if (r.raw_pixels) {
     r.unnormalized = true;
-    r.findings.push_back("inputs look like raw 0-255 pixels (integers from " + fmt(r.min) + " to " + fmt(r.max) +
+    r.findings.push_back("inputs look like raw 0-255 pixels (integers from " + short_number(r.min) + " to " + short_number(r.max) +
                          "): divide by 255 and normalize to mean 0, std 1");
   } else if (x.dim() != 2 && (std::abs(r.mean) > kMaxAbsMean || r.std > kMaxStd)) {
     r.unnormalized = true;
-    r.findings.push_back("inputs are not normalized (mean " + fmt(r.mean) + ", std " + fmt(r.std) +
+    r.findings.push_back("inputs are not normalized (mean " + short_number(r.mean) + ", std " + short_number(r.std) +
                          "; expected about 0 and 1): standardize them");
   }
   if (!r.unnormalized && x.dim() == 2 && x.size(0) > 1) {
@@ -60,7 +55,7 @@ InputReport check_inputs(const torch::Tensor& input) {
       for (int64_t i = 0; i < std::min<int64_t>(bad.numel(), 3); ++i) {
         const int64_t c = bad[i].item<int64_t>();
         list += (i ? ", " : "") + std::string("feature ") + std::to_string(c) + " (mean " +
-                fmt(mean[c].item<double>()) + ", std " + fmt(std[c].item<double>()) + ")";
+                short_number(mean[c].item<double>()) + ", std " + short_number(std[c].item<double>()) + ")";
       }
       r.findings.push_back(std::to_string(bad.numel()) + " input feature(s) are not normalized: " + list +
                            (bad.numel() > 3 ? ", ..." : "") + ": standardize each feature");

@@ -1,5 +1,7 @@
 #include "mixtrain/diagnose/svg_plot.h"
 
+#include "short_number.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -21,13 +23,6 @@ std::string escape(const std::string& s) {
     }
   }
   return out;
-}
-
-std::string label_of(double v) {
-  std::ostringstream s;
-  s.precision(4);
-  s << v;
-  return s.str();
 }
 
 } // namespace
@@ -99,7 +94,7 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     svg << "<line x1=\"" << px(t) << "\" y1=\"" << top << "\" x2=\"" << px(t) << "\" y2=\"" << top + ph
         << "\" stroke=\"#e5e5e5\"/>\n";
     svg << "<text x=\"" << px(t) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\" font-size=\"12\">"
-        << label_of(t) << "</text>\n";
+        << detail::short_number(t) << "</text>\n";
   }
   std::vector<double> yticks;
   if (o.log2_y) {
@@ -114,7 +109,7 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     svg << "<line x1=\"" << left << "\" y1=\"" << py_raw(t) << "\" x2=\"" << left + pw << "\" y2=\"" << py_raw(t)
         << "\" stroke=\"#e5e5e5\"/>\n";
     svg << "<text x=\"" << left - 6 << "\" y=\"" << py_raw(t) + 4 << "\" text-anchor=\"end\" font-size=\"12\">"
-        << (o.log2_y ? "2^" + std::to_string(static_cast<int>(t)) : label_of(t)) << "</text>\n";
+        << (o.log2_y ? "2^" + std::to_string(static_cast<int>(t)) : detail::short_number(t)) << "</text>\n";
   }
   svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
       << "\" fill=\"none\" stroke=\"#333\"/>\n";
