@@ -27,8 +27,6 @@ struct Rank {
   int code = 0;
 };
 
-constexpr int kInterrupted = 130;
-
 std::vector<pid_t> g_children;  // for the signal handler
 std::atomic<int> g_forward_signal{0};
 
@@ -163,8 +161,8 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
       // stop travels through the group, the others stop at the same batch and
       // rank 0 saves a checkpoint, so nobody is hurried. Should a peer hang
       // instead, the process group's timeout fails it.
-      if (r.code == kInterrupted) interrupted = true;
-      if (r.code != 0 && r.code != kInterrupted && first_failure < 0) {
+      if (r.code == kExitInterrupted) interrupted = true;
+      if (r.code != 0 && r.code != kExitInterrupted && first_failure < 0) {
         first_failure = k;
         if (running() > 0) {
           std::cerr << "mixtrain launch: rank " << k << " exited with code " << r.code << "; stopping the other ranks"
@@ -183,7 +181,7 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
   }
   if (first_failure < 0 && interrupted) {
     std::cerr << "mixtrain launch: interrupted; every rank stopped" << std::endl;
-    return kInterrupted;
+    return kExitInterrupted;
   }
   if (first_failure < 0) return 0;
   const int code = ranks[first_failure].code;

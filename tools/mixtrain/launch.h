@@ -6,6 +6,10 @@
 
 namespace mixtrain_cli {
 
+/// `mixtrain train`'s exit code after an interrupt saved a checkpoint; also what
+/// a process killed by SIGINT reports (128 + 2). The launcher relies on it.
+constexpr int kExitInterrupted = 130;
+
 struct LaunchOptions {
   int nproc = 2;
   int master_port = 29500;

@@ -67,7 +67,7 @@ std::atomic<bool> g_stop_requested{false};
 std::atomic<bool> g_stop_agreed{false};  // data parallel: the request, agreed by all ranks
 
 extern "C" void on_stop_signal(int) {
-  if (g_stop_requested.exchange(true)) ::_exit(130);
+  if (g_stop_requested.exchange(true)) ::_exit(mixtrain_cli::kExitInterrupted);
 }
 
 void install_stop_handlers() {
@@ -417,7 +417,7 @@ int run_train(TrainArgs a) {
     if (writer)
       std::cerr << "mixtrain: interrupted; checkpoint saved to " << checkpointer->last_path()
                 << "; resume with: " << again << " --resume " << a.out << std::endl;
-    return 130;
+    return mixtrain_cli::kExitInterrupted;
   }
   if (nan_stop->triggered()) {
     std::cerr << "mixtrain: stopped: " << nan_stop->message() << std::endl;
@@ -522,7 +522,8 @@ int run_launch(int argc, char** argv) {
       std::cout << "Usage: mixtrain launch --nproc N [--master-port P] [--master-addr A] -- train [train flags]\n"
                    "Runs N local ranks of a data-parallel job (Gloo), each with torchrun's variables RANK,\n"
                    "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; prefixes output with [rank k]; stops all\n"
-                   "ranks when one fails and exits with its code. --bs is per rank.\n";
+                   "ranks when one fails and exits with its code. Ctrl-C stops every rank at the same batch;\n"
+                   "rank 0 saves a checkpoint and the launch exits 130. --bs is per rank.\n";
       return 0;
     } else {
       throw UsageError("unknown launch flag '" + arg + "' (usage: mixtrain launch --nproc N -- train ...)");
