@@ -148,33 +148,21 @@ void Learner::save(const std::string& path) {
   write_file_atomically(path, with_header(bytes.str()));
 }
 
-void Learner::open_checkpoint(const std::string& path, torch::serialize::InputArchive& archive) {
+namespace {
+
+/// A checkpoint file's bytes; a file that cannot be opened is a one-line error.
+std::string read_checkpoint_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   TORCH_CHECK(file, "Cannot open checkpoint ", path, ": ", std::strerror(errno));
-  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(!bytes.empty(), "Checkpoint ", path, " is empty");
-  const auto [data, size] = checked_archive(bytes.data(), bytes.size(), path);
-  try {
-    archive.load_from(data, size);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "Checkpoint ", path, " is corrupt (", first_line(e.what()), ")");
-  }
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
 }
 
-void Learner::load(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  TORCH_CHECK(file, "Cannot open checkpoint ", path, ": ", std::strerror(errno));
-  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  load_from_memory(bytes.data(), bytes.size(), path);
-}
-
-void Learner::load_from_memory(const char* data, size_t size, const std::string& path) {
+/// Checks the header, size and checksum, then opens the archive inside.
+void open_archive(const char* data, size_t size, const std::string& path, torch::serialize::InputArchive& ar) {
   TORCH_CHECK(size > 0, "Checkpoint ", path, " is empty");
   std::tie(data, size) = checked_archive(data, size, path);
-
   // libtorch's reader throws more than c10::Error on damaged input (std::out_of_range
   // from the unpickler, for one); all of it means a corrupt file to the user.
-  torch::serialize::InputArchive ar;
   try {
     ar.load_from(data, size);
   } catch (const c10::Error& e) {
@@ -182,6 +170,23 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what()), ")");
   }
+}
+
+} // namespace
+
+void Learner::open_checkpoint(const std::string& path, torch::serialize::InputArchive& archive) {
+  const std::string bytes = read_checkpoint_file(path);
+  open_archive(bytes.data(), bytes.size(), path, archive);
+}
+
+void Learner::load(const std::string& path) {
+  const std::string bytes = read_checkpoint_file(path);
+  load_from_memory(bytes.data(), bytes.size(), path);
+}
+
+void Learner::load_from_memory(const char* data, size_t size, const std::string& path) {
+  torch::serialize::InputArchive ar;
+  open_archive(data, size, path, ar);
   // Reading an entry can fail too when the archive's body is damaged.
   auto guarded = [&](const std::string& what, const auto& fn) {
     try {
