@@ -3,6 +3,7 @@
 
 #include "archive_util.h"
 #include "first_line.h"
+#include "read_file.h"
 #include "mixtrain/atomic_file.h"
 #include "mixtrain/amp/master_weights.h"
 #include "mixtrain/amp/mixed_precision.h"
@@ -10,11 +11,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
 
-#include <cerrno>
-#include <cstdio>
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <tuple>
 
@@ -150,13 +148,6 @@ void Learner::save(const std::string& path) {
 
 namespace {
 
-/// A checkpoint file's bytes; a file that cannot be opened is a one-line error.
-std::string read_checkpoint_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  TORCH_CHECK(file, "Cannot open checkpoint ", path, ": ", std::strerror(errno));
-  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-}
-
 /// Checks the header, size and checksum, then opens the archive inside.
 void open_archive(const char* data, size_t size, const std::string& path, torch::serialize::InputArchive& ar) {
   TORCH_CHECK(size > 0, "Checkpoint ", path, " is empty");
@@ -175,12 +166,12 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
 } // namespace
 
 void Learner::open_checkpoint(const std::string& path, torch::serialize::InputArchive& archive) {
-  const std::string bytes = read_checkpoint_file(path);
+  const std::string bytes = detail::read_whole_file(path, "checkpoint ");
   open_archive(bytes.data(), bytes.size(), path, archive);
 }
 
 void Learner::load(const std::string& path) {
-  const std::string bytes = read_checkpoint_file(path);
+  const std::string bytes = detail::read_whole_file(path, "checkpoint ");
   load_from_memory(bytes.data(), bytes.size(), path);
 }
 

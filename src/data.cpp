@@ -4,9 +4,9 @@
 #include <c10/util/Exception.h>
 #include <zlib.h>
 
-#include <cstdio>
+#include "read_file.h"
+
 #include <cstring>
-#include <memory>
 #include <vector>
 
 namespace mixtrain::data {
@@ -70,18 +70,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-/// Reads a whole file.
-std::vector<uint8_t> read_file_bytes(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  TORCH_CHECK(f, "Cannot open ", path, ": ", std::strerror(errno));
-  std::vector<uint8_t> raw;
-  uint8_t chunk[1 << 16];
-  size_t got;
-  while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) raw.insert(raw.end(), chunk, chunk + got);
-  TORCH_CHECK(!std::ferror(f.get()), "Error reading ", path);
-  return raw;
-}
-
 /// Inflates a gzip stream held in memory.
 std::vector<uint8_t> gunzip(const uint8_t* data, size_t size, const std::string& name) {
   TORCH_CHECK(size >= 2 && data[0] == 0x1f && data[1] == 0x8b, name, " is not a gzip file");
@@ -119,8 +107,8 @@ std::vector<uint8_t> gunzip(const uint8_t* data, size_t size, const std::string&
 } // namespace
 
 torch::Tensor read_idx(const std::string& path) {
-  const std::vector<uint8_t> raw = read_file_bytes(path);
-  return parse_idx(raw.data(), raw.size(), ends_with(path, ".gz"), path);
+  const std::string raw = detail::read_whole_file(path);
+  return parse_idx(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(), ends_with(path, ".gz"), path);
 }
 
 torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const std::string& name) {
@@ -130,29 +118,28 @@ torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const st
     data = inflated.data();
     size = inflated.size();
   }
-  const std::string& path = name;
   const c10::ArrayRef<uint8_t> bytes(data, size);
-  TORCH_CHECK(bytes.size() >= 4, path, " is too short to be an idx file (", bytes.size(), " bytes)");
-  TORCH_CHECK(bytes[0] == 0 && bytes[1] == 0, path, " has a bad idx magic number (first bytes must be 0)");
-  TORCH_CHECK(bytes[2] == 0x08, path, " has idx data type 0x", std::hex, int(bytes[2]),
+  TORCH_CHECK(bytes.size() >= 4, name, " is too short to be an idx file (", bytes.size(), " bytes)");
+  TORCH_CHECK(bytes[0] == 0 && bytes[1] == 0, name, " has a bad idx magic number (first bytes must be 0)");
+  TORCH_CHECK(bytes[2] == 0x08, name, " has idx data type 0x", std::hex, int(bytes[2]),
               " (only unsigned byte, 0x08, is supported)");
   const int ndims = bytes[3];
-  TORCH_CHECK(ndims >= 1 && ndims <= 4, path, " has ", ndims, " dims (expected 1 to 4)");
+  TORCH_CHECK(ndims >= 1 && ndims <= 4, name, " has ", ndims, " dims (expected 1 to 4)");
   const size_t header = 4 + 4 * static_cast<size_t>(ndims);
-  TORCH_CHECK(bytes.size() >= header, path, " is truncated inside its idx header");
+  TORCH_CHECK(bytes.size() >= header, name, " is truncated inside its idx header");
   std::vector<int64_t> dims;
   uint64_t count = 1;
   for (int d = 0; d < ndims; ++d) {
     const uint8_t* p = bytes.data() + 4 + 4 * d;
     const uint64_t dim = (uint64_t(p[0]) << 24) | (uint64_t(p[1]) << 16) | (uint64_t(p[2]) << 8) | p[3];
     count *= dim;  // <= 4 dims of < 2^32 each: bounded below by the size check that follows
-    TORCH_CHECK(count <= (uint64_t(1) << 40), path, " declares an implausible size");
+    TORCH_CHECK(count <= (uint64_t(1) << 40), name, " declares an implausible size");
     dims.push_back(static_cast<int64_t>(dim));
   }
   const uint64_t payload = bytes.size() - header;
-  TORCH_CHECK(payload >= count, path, " is truncated: header declares ", count, " values but only ",
+  TORCH_CHECK(payload >= count, name, " is truncated: header declares ", count, " values but only ",
               payload, " follow");
-  TORCH_CHECK(payload == count, path, " has ", payload - count, " trailing bytes after its ", count, " values");
+  TORCH_CHECK(payload == count, name, " has ", payload - count, " trailing bytes after its ", count, " values");
   torch::Tensor t = at::empty(dims, at::kByte);
   if (count) std::memcpy(t.data_ptr<uint8_t>(), data + header, count);
   return t;
