@@ -46,6 +46,13 @@ class GatherPreds : public Callback {
 
 } // namespace
 
+std::vector<torch::Tensor> Model::state_tensors() const {
+  std::vector<torch::Tensor> state;
+  for (const auto& p : module_->parameters()) state.push_back(p.detach());
+  for (const auto& b : module_->buffers()) state.push_back(b.detach());
+  return state;
+}
+
 Learner::Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOptions options)
     : model_(std::move(model)), dls_(std::move(dls)), loss_fn_(std::move(loss_fn)), options_(std::move(options)) {
   TORCH_CHECK(model_.ptr(), "Learner needs a model");

@@ -50,8 +50,7 @@ class SaveAndStop : public Callback {
 
 std::vector<torch::Tensor> state_of(Learner& learn) {
   std::vector<torch::Tensor> out;
-  for (auto& p : learn.model().module().parameters()) out.push_back(p.detach().clone());
-  for (auto& b : learn.model().module().buffers()) out.push_back(b.detach().clone());
+  for (const auto& t : learn.model().state_tensors()) out.push_back(t.clone());
   return out;
 }
 

@@ -61,6 +61,10 @@ class Model {
   torch::Tensor operator()(const torch::Tensor& x) const { return forward_(x); }
   torch::nn::Module& module() const { return *module_; }
   std::shared_ptr<torch::nn::Module> ptr() const { return module_; }
+  /// Parameters, then buffers: everything that makes two copies of the model
+  /// compute the same. Detached, but sharing storage: writing to them (a
+  /// broadcast, copy_) changes the model.
+  std::vector<torch::Tensor> state_tensors() const;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

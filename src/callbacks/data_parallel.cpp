@@ -35,9 +35,7 @@ void DataParallel::check_state(torch::serialize::InputArchive& ar) const {
 void DataParallel::before_fit(Learner& learn) {
   {
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> state;
-    for (auto& p : learn.model().module().parameters()) state.push_back(p.detach());
-    for (auto& b : learn.model().module().buffers()) state.push_back(b);
+    std::vector<torch::Tensor> state = learn.model().state_tensors();
     // Master weights were copied from the model when to_half() ran: they travel too.
     if (auto mw = learn.get_cb<amp::MasterWeights>())
       for (const auto& m : mw->masters()) state.push_back(m.detach());
@@ -104,8 +102,7 @@ void DataParallel::after_backward(Learner& learn) {
 
 void DataParallel::after_train(Learner& learn) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> buffers;
-  for (auto& b : learn.model().module().buffers()) buffers.push_back(b);
+  std::vector<torch::Tensor> buffers = learn.model().module().buffers();
   if (!buffers.empty()) group_->broadcast(buffers, 0);
 }
 

@@ -83,11 +83,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
 
   // The initial weights, so that the mixed run starts exactly where the baseline did.
   std::vector<torch::Tensor> initial;
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : baseline->model().module().parameters()) initial.push_back(p.detach().clone());
-    for (const auto& b : baseline->model().module().buffers()) initial.push_back(b.detach().clone());
-  }
+  for (const auto& t : baseline->model().state_tensors()) initial.push_back(t.clone());
 
   fit(*baseline, o);
   ev.fp32 = summarize_run(*baseline, "fp32");
@@ -96,14 +92,9 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   std::unique_ptr<Learner> mixed = make_learner();
   TORCH_CHECK(mixed, "diagnose::compare: the learner factory returned nothing");
   {
-    torch::NoGradGuard no_grad;
-    auto params = mixed->model().module().parameters();
-    auto buffers = mixed->model().module().buffers();
-    TORCH_CHECK(params.size() + buffers.size() == initial.size(),
-                "diagnose::compare: the learner factory built two different models");
-    size_t i = 0;
-    for (auto& p : params) p.copy_(initial[i++]);
-    for (auto& b : buffers) b.copy_(initial[i++]);
+    const auto state = mixed->model().state_tensors();
+    TORCH_CHECK(state.size() == initial.size(), "diagnose::compare: the learner factory built two different models");
+    for (size_t i = 0; i < state.size(); ++i) state[i].copy_(initial[i]);
   }
   if (fp16)
     mixed->to_fp16(o.scaler(), o.allow_fp16_emulation());

@@ -109,10 +109,8 @@ struct InjectOverflowAt : mixtrain::Callback {
 
 uint32_t parameter_crc32(mixtrain::Learner& learn) {
   uLong crc = crc32(0L, Z_NULL, 0);
-  std::vector<torch::Tensor> state = learn.model().module().parameters();
-  for (const auto& b : learn.model().module().buffers()) state.push_back(b);
-  for (const auto& p : state) {
-    const torch::Tensor c = p.detach().contiguous();
+  for (const auto& t : learn.model().state_tensors()) {
+    const torch::Tensor c = t.contiguous();
     crc = crc32(crc, static_cast<const Bytef*>(c.data_ptr()), static_cast<uInt>(c.nbytes()));
   }
   return static_cast<uint32_t>(crc);
