@@ -58,21 +58,27 @@ struct OutputStats {
   bool any_float = false;
 };
 
+/// Calls `fn` on every defined tensor among an op's values (tensors and tensor lists).
+template <typename F>
+void for_each_tensor(c10::ArrayRef<c10::IValue> values, F&& fn) {
+  for (const auto& v : values) {
+    if (v.isTensor() && v.toTensor().defined()) fn(v.toTensor());
+    if (v.isTensorList())
+      for (const auto& t : v.toTensorVector())
+        if (t.defined()) fn(t);
+  }
+}
+
 OutputStats stats_of(c10::ArrayRef<c10::IValue> values) {
   OutputStats s;
-  auto add = [&](const torch::Tensor& t) {
-    if (!t.defined() || !t.is_floating_point() || t.numel() == 0) return;
+  for_each_tensor(values, [&](const torch::Tensor& t) {
+    if (!t.is_floating_point() || t.numel() == 0) return;
     s.any_float = true;
     const torch::Tensor f = t.detach().to(torch::kFloat);
     const torch::Tensor finite = torch::isfinite(f);
     s.nonfinite += f.numel() - finite.sum().item<int64_t>();
     s.max_abs = std::max(s.max_abs, torch::where(finite, f.abs(), torch::zeros({}, f.options())).max().item<double>());
-  };
-  for (const auto& v : values) {
-    if (v.isTensor()) add(v.toTensor());
-    if (v.isTensorList())
-      for (const auto& t : v.toTensorVector()) add(t);
-  }
+  });
   return s;
 }
 
@@ -106,7 +112,7 @@ class Tracer : public amp::detail::OpObserver {
 
     if (is_cast_or_view(name) && !module.empty()) {
       // autocast's fp16 copy of a weight (or a view of one) still belongs to its module.
-      for_each_tensor(results, [&](const torch::Tensor& t) { remember(owner_, t, module); });
+      for_each_tensor(results, [&](const torch::Tensor& t) { remember_owner(t, module); });
       return;
     }
     const bool fp16 = in_fp16_list || (!runs_in_fp32_under_autocast(name) && any_activation && all_activations_fp16);
@@ -144,18 +150,9 @@ class Tracer : public amp::detail::OpObserver {
   }
 
  private:
-  template <typename F>
-  static void for_each_tensor(c10::ArrayRef<c10::IValue> values, F&& fn) {
-    for (const auto& v : values) {
-      if (v.isTensor() && v.toTensor().defined()) fn(v.toTensor());
-      if (v.isTensorList())
-        for (const auto& t : v.toTensorVector())
-          if (t.defined()) fn(t);
-    }
-  }
-  void remember(std::unordered_map<const c10::TensorImpl*, std::string>& map, const torch::Tensor& t,
-                const std::string& module) {
-    map[t.unsafeGetTensorImpl()] = module;
+  /// `t` (a cast or view of a parameter) belongs to `module` too.
+  void remember_owner(const torch::Tensor& t, const std::string& module) {
+    owner_[t.unsafeGetTensorImpl()] = module;
     keep_.push_back(t);
   }
 
