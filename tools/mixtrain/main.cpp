@@ -481,6 +481,15 @@ int run_doctor(TrainArgs a) {
   return d.healthy() ? 0 : 1;
 }
 
+/// The one-line error every failure ends with, written in one piece: under
+/// mixtrain launch a rank may be stopped at any moment once a peer has failed,
+/// and a line written piecewise could be cut after "mixtrain: error: ".
+void print_error(const std::string& message) {
+  const std::string line = "mixtrain: error: " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
 /// First line of an exception message (c10::Error's backtrace is not for users).
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
@@ -538,7 +547,7 @@ int main(int argc, char** argv) {
     try {
       return run_launch(argc, argv);
     } catch (const UsageError& e) {
-      std::cerr << "mixtrain: error: " << e.what() << std::endl;
+      print_error(e.what());
       return kExitError;
     }
   }
@@ -564,7 +573,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::cerr << "mixtrain: error: " << first_line(e.what()) << " (see mixtrain --help)" << std::endl;
+    print_error(first_line(e.what()) + " (see mixtrain --help)");
     return kExitError;
   }
 
@@ -589,11 +598,11 @@ int main(int argc, char** argv) {
       return run_doctor(doctor_args);
     }
   } catch (const UsageError& e) {
-    std::cerr << "mixtrain: error: " << e.what() << std::endl;
+    print_error(e.what());
   } catch (const c10::Error& e) {
-    std::cerr << "mixtrain: error: " << first_line(e.what_without_backtrace()) << std::endl;
+    print_error(first_line(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    std::cerr << "mixtrain: error: " << first_line(e.what()) << std::endl;
+    print_error(first_line(e.what()));
   }
   return kExitError;
 }
