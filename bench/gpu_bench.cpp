@@ -6,8 +6,12 @@
 // It runs on CPU as well (--device cpu), with --tiny sizes, so that its argument
 // handling and JSON are tested in CI. One JSON object per line on stdout, or to --json.
 //
-//   gpu_bench [--device cuda|cpu] [--models cnn,resnet,transformer] [--precisions fp32,fp16,bf16]
+//   gpu_bench [--device cuda|cpu] [--models cnn,resnet,transformer] [--precisions fp32,tf32,fp16,bf16]
 //             [--steps N] [--warmup N] [--tiny] [--json PATH]
+//   gpu_bench --emulation-compare [--device cuda|cpu] [--models ...] [--steps N] [--init-scale X] [--json PATH]
+//             the same seeded fp16 run (same weights, batches, lr) on --device with real fp16
+//             autocast, and on CPU with mixtrain's fp16 emulation; one JSON line per model with
+//             both per-step loss sequences, their differences and the skipped steps of each.
 #include <mixtrain/mixtrain.h>
 
 #include <ATen/record_function.h>
@@ -35,10 +39,12 @@ namespace {
 struct BenchArgs {
   std::string device = "cuda";
   std::vector<std::string> models{"cnn", "resnet", "transformer"};
-  std::vector<std::string> precisions{"fp32", "fp16", "bf16"};
+  std::vector<std::string> precisions{"fp32", "tf32", "fp16", "bf16"};
   int64_t steps = 30, warmup = 5;
   bool tiny = false;
   std::string json;
+  bool emulation_compare = false;
+  double init_scale = 65536.0;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -71,6 +77,8 @@ BenchArgs parse(int argc, char** argv) {
     else if (f == "--warmup") a.warmup = positive(f, value(i));
     else if (f == "--tiny") a.tiny = true;
     else if (f == "--json") a.json = value(i);
+    else if (f == "--emulation-compare") a.emulation_compare = true;
+    else if (f == "--init-scale") a.init_scale = std::stod(value(i));
     else throw std::invalid_argument("unknown flag '" + f + "'");
   }
   if (a.device != "cuda" && a.device != "cpu") throw std::invalid_argument("invalid --device '" + a.device + "' (cuda or cpu)");
@@ -78,8 +86,8 @@ BenchArgs parse(int argc, char** argv) {
     if (m != "cnn" && m != "resnet" && m != "transformer")
       throw std::invalid_argument("unknown model '" + m + "' (cnn, resnet, transformer)");
   for (const auto& p : a.precisions)
-    if (p != "fp32" && p != "fp16" && p != "bf16")
-      throw std::invalid_argument("unknown precision '" + p + "' (fp32, fp16, bf16)");
+    if (p != "fp32" && p != "tf32" && p != "fp16" && p != "bf16")
+      throw std::invalid_argument("unknown precision '" + p + "' (fp32, tf32, fp16, bf16)");
   if (a.models.empty() || a.precisions.empty()) throw std::invalid_argument("--models and --precisions must not be empty");
   return a;
 }
@@ -201,6 +209,9 @@ nlohmann::json run_one(const BenchArgs& a, const std::string& model_name, const 
   Learner learn(w.model, loaders(a.warmup), w.loss, mixtrain::LearnerOptions().progress(false).device(device));
   if (precision == "fp16") learn.to_fp16();
   if (precision == "bf16") learn.to_bf16();
+  // tf32: fp32 storage, TensorFloat-32 matmuls and convolutions (the GPU baseline the goals use).
+  at::globalContext().setAllowTF32CuBLAS(precision == "tf32");
+  at::globalContext().setAllowTF32CuDNN(precision == "tf32");
 
   nlohmann::json r{{"model", model_name}, {"precision", precision}, {"device", a.device}, {"batch", w.batch},
                    {"steps", a.steps}, {"tiny", a.tiny}};
@@ -224,7 +235,7 @@ nlohmann::json run_one(const BenchArgs& a, const std::string& model_name, const 
   // Includes the one validation batch per fit and its reads.
   r["host_scalar_reads_per_step"] = static_cast<double>(g_scalar_reads.load()) / a.steps;
   r["final_loss"] = learn.recorder().steps().back().loss;
-  r["skipped_steps"] = learn.mixed_precision() ? learn.mixed_precision()->skipped_steps() : 0;
+  r["skipped_steps"] = learn.recorder().skipped_steps();
   r["peak_memory_bytes"] = nullptr;
 #ifdef MIXTRAIN_BENCH_CUDA
   if (device.is_cuda()) {
@@ -233,6 +244,79 @@ nlohmann::json run_one(const BenchArgs& a, const std::string& model_name, const 
   }
 #endif
   return r;
+}
+
+/// Small sizes of the three models, so that the CPU side of the comparison runs 50
+/// emulated steps in seconds.
+Workload make_compare_workload(const std::string& name) {
+  auto ce = mixtrain::cross_entropy();
+  if (name == "cnn") return {mixtrain::models::simple_cnn(), torch::randn({64, 1, 28, 28}), torch::randint(10, {64}), ce, 64};
+  if (name == "resnet") return {resnet(8), torch::randn({16, 3, 32, 32}), torch::randint(10, {16}), ce, 16};
+  const int64_t vocab = 96, d = 128, seq = 64, b = 8;
+  TransformerLM lm(vocab, d, 2, 4, seq);
+  torch::Tensor tokens = torch::randint(vocab, {b, seq + 1});
+  mixtrain::LossFn lm_loss = [vocab](const torch::Tensor& logits, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), target.reshape({-1}));
+  };
+  return {lm, tokens.slice(1, 0, seq), tokens.slice(1, 1, seq + 1), lm_loss, b};
+}
+
+/// One fp16 run of `steps` steps (fresh batches, drawn from a seeded generator on the
+/// CPU) on `device`: per-step losses and skips. Same seed, same weights, same data.
+std::pair<std::vector<double>, std::vector<bool>> fp16_run(const std::string& model_name, const torch::Device& device,
+                                                           int64_t steps, double init_scale) {
+  torch::manual_seed(1234);
+  Workload w = make_compare_workload(model_name);
+  std::vector<torch::Tensor> xs, ys;
+  auto gen = at::detail::createCPUGenerator(99);
+  for (int64_t s = 0; s < steps; ++s) {
+    // A new batch each step, of the workload's shapes and value ranges.
+    xs.push_back(w.x.is_floating_point() ? torch::randn(w.x.sizes(), gen)
+                                         : torch::randint(w.x.max().item<int64_t>() + 1, w.x.sizes(), gen));
+    ys.push_back(torch::randint(w.y.max().item<int64_t>() + 1, w.y.sizes(), gen));
+  }
+  mixtrain::data::Dataset train{torch::cat(xs).to(device), torch::cat(ys).to(device)};
+  mixtrain::data::Dataset valid{w.x.slice(0, 0, 1).to(device), w.y.slice(0, 0, 1).to(device)};
+  mixtrain::data::DataLoaders dls(
+      mixtrain::data::DataLoader(train, mixtrain::data::DataLoaderOptions().batch_size(w.batch)),
+      mixtrain::data::DataLoader(valid, mixtrain::data::DataLoaderOptions().batch_size(1)));
+  w.model.module().to(device);
+  Learner learn(w.model, dls, w.loss, mixtrain::LearnerOptions().progress(false).device(device));
+  learn.to_fp16(mixtrain::amp::GradScalerOptions().init_scale(init_scale).growth_interval(10));
+  learn.fit(1, 1e-3);
+  std::vector<double> losses;
+  std::vector<bool> skipped;
+  for (const auto& row : learn.recorder().steps()) {
+    losses.push_back(row.loss);
+    skipped.push_back(row.skipped);
+  }
+  return {losses, skipped};
+}
+
+nlohmann::json compare_emulation(const BenchArgs& a, const std::string& model_name) {
+  const torch::Device device(a.device == "cuda" ? torch::kCUDA : torch::kCPU);
+  const auto real = fp16_run(model_name, device, a.steps, a.init_scale);
+  const auto emulated = fp16_run(model_name, torch::Device(torch::kCPU), a.steps, a.init_scale);
+  std::vector<double> diff;
+  std::vector<int64_t> skipped_real, skipped_emulated;
+  double max_diff = 0;
+  for (size_t i = 0; i < real.first.size() && i < emulated.first.size(); ++i) {
+    diff.push_back(std::abs(real.first[i] - emulated.first[i]));
+    if (std::isfinite(diff.back())) max_diff = std::max(max_diff, diff.back());
+  }
+  for (size_t i = 0; i < real.second.size(); ++i)
+    if (real.second[i]) skipped_real.push_back(static_cast<int64_t>(i));
+  for (size_t i = 0; i < emulated.second.size(); ++i)
+    if (emulated.second[i]) skipped_emulated.push_back(static_cast<int64_t>(i));
+  const double first_rel = diff.empty() ? NAN : diff[0] / std::max(1e-12, std::abs(real.first[0]));
+  return {{"model", model_name}, {"device", a.device}, {"steps", a.steps}, {"init_scale", a.init_scale},
+          {"loss_real", real.first}, {"loss_emulated", emulated.first}, {"abs_diff", diff},
+          {"max_abs_diff", max_diff}, {"first_step_rel_diff", first_rel},
+          // fp16 has a 2^-11 relative unit roundoff; the first step's loss agrees "to fp16 precision"
+          // when within a few of them.
+          {"first_step_within_fp16", first_rel <= 4 * std::ldexp(1.0, -11)},
+          {"skipped_real", skipped_real}, {"skipped_emulated", skipped_emulated},
+          {"same_skips", skipped_real == skipped_emulated}};
 }
 
 } // namespace
@@ -260,6 +344,26 @@ int main(int argc, char** argv) {
   }
   std::ostream& out = a.json.empty() ? std::cout : file;
   int failures = 0;
+  if (a.emulation_compare) {
+    for (const auto& m : a.models) {
+      nlohmann::json r;
+      try {
+        r = compare_emulation(a, m);
+      } catch (const std::exception& e) {
+        const std::string msg = e.what();
+        r = {{"model", m}, {"error", msg.substr(0, msg.find('\n'))}};
+        ++failures;
+      }
+      out << r.dump() << std::endl;
+      std::cerr << "gpu_bench: emulation " << m << ": "
+                << (r.contains("error") ? "error: " + r["error"].get<std::string>()
+                                        : "first-step rel diff " + std::to_string(r["first_step_rel_diff"].get<double>()) +
+                                              ", max abs diff " + std::to_string(r["max_abs_diff"].get<double>()) +
+                                              ", same skips " + (r["same_skips"].get<bool>() ? "yes" : "no"))
+                << std::endl;
+    }
+    return failures ? 1 : 0;
+  }
   for (const auto& m : a.models)
     for (const auto& p : a.precisions) {
       nlohmann::json r;

@@ -4,7 +4,7 @@ trained with a plain torch.amp loop (autocast + GradScaler, AdamW), one JSON obj
 per line. Runs on CPU too (--device cpu --tiny) so that CI can test it.
 
   gpu_python_bench.py [--device cuda|cpu] [--models cnn,resnet,transformer]
-                      [--precisions fp32,fp16,bf16] [--steps N] [--warmup N] [--tiny] [--json PATH]
+                      [--precisions fp32,tf32,fp16,bf16] [--steps N] [--warmup N] [--tiny] [--json PATH]
 """
 import argparse
 import contextlib
@@ -76,7 +76,10 @@ def run_one(args, name, precision):
     model.to(device).train()
     x, y = x.to(device), y.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), eps=1e-5, weight_decay=0.01)
-    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    dtype = {"fp32": None, "tf32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    # tf32: fp32 storage, TensorFloat-32 matmuls and convolutions (the GPU baseline the goals use).
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
     scaler = torch.amp.GradScaler(args.device, enabled=precision == "fp16") if hasattr(torch.amp, "GradScaler") \
         else torch.cuda.amp.GradScaler(enabled=precision == "fp16" and args.device == "cuda")
 
@@ -114,7 +117,7 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--models", default="cnn,resnet,transformer")
-    p.add_argument("--precisions", default="fp32,fp16,bf16")
+    p.add_argument("--precisions", default="fp32,tf32,fp16,bf16")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--tiny", action="store_true")
@@ -125,8 +128,8 @@ def main(argv):
         if m not in ("cnn", "resnet", "transformer"):
             p.error(f"unknown model '{m}' (cnn, resnet, transformer)")
     for q in precisions:
-        if q not in ("fp32", "fp16", "bf16"):
-            p.error(f"unknown precision '{q}' (fp32, fp16, bf16)")
+        if q not in ("fp32", "tf32", "fp16", "bf16"):
+            p.error(f"unknown precision '{q}' (fp32, tf32, fp16, bf16)")
     if args.steps < 1 or args.warmup < 1:
         p.error("--steps and --warmup must be >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():

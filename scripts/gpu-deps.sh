@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 rm -rf .gpu-deps
 mkdir -p .gpu-deps/include .gpu-deps/share/cmake
-cp -r /usr/include/CLI /usr/include/nlohmann .gpu-deps/include/
+cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/gloo .gpu-deps/include/  # gloo: c10d's ProcessGroupGloo.hpp includes it; the wheel ships no gloo headers
 cp /usr/include/zlib.h /usr/include/zconf.h .gpu-deps/include/
 cp -r /usr/share/cmake/nlohmann_json .gpu-deps/share/cmake/
 cp -r /usr/src/googletest .gpu-deps/googletest

@@ -12,6 +12,7 @@ PACKAGES=(
   zlib1g-dev libgtest-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   clang-14 libclang-rt-14-dev          # the ASan+UBSan build and libFuzzer (make sanitize, make fuzz)
+  python3-torch                        # exports TorchScript test models and runs the Python comparison scripts
 )
 
 missing=()
