@@ -38,23 +38,3 @@ inline std::vector<double> read_f64s(torch::serialize::InputArchive& ar, const s
 }
 
 } // namespace mixtrain::detail
-
-#include "mixtrain/amp/scale_history.h"
-
-namespace mixtrain::detail {
-
-inline void write_history(torch::serialize::OutputArchive& ar, const amp::ScaleHistory& h) {
-  write_f64s(ar, "history.scales", h.scales);
-  std::vector<double> skipped(h.skipped.begin(), h.skipped.end());
-  write_f64s(ar, "history.skipped", skipped);
-}
-
-inline amp::ScaleHistory read_history(torch::serialize::InputArchive& ar) {
-  amp::ScaleHistory h;
-  h.scales = read_f64s(ar, "history.scales");
-  for (double s : read_f64s(ar, "history.skipped")) h.skipped.push_back(s != 0);
-  TORCH_CHECK(h.scales.size() == h.skipped.size(), "checkpoint's scale history is inconsistent");
-  return h;
-}
-
-} // namespace mixtrain::detail

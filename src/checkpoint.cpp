@@ -5,13 +5,13 @@
 #include "first_line.h"
 #include "read_file.h"
 #include "mixtrain/atomic_file.h"
-#include "mixtrain/amp/master_weights.h"
-#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/precision_callback.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 #include <sstream>
 #include <tuple>
@@ -87,9 +87,8 @@ std::pair<const char*, size_t> checked_archive(const char* data, size_t size, co
 using detail::first_line;
 
 std::string precision_tag(const Learner& learn) {
-  if (auto mp = learn.get_cb<amp::MixedPrecision>()) return std::string("mixed_precision:") + c10::toString(mp->dtype());
-  if (auto mw = learn.get_cb<amp::MasterWeights>()) return std::string("master_weights:") + c10::toString(mw->options().dtype());
-  return "fp32";
+  const auto pc = learn.precision_cb();
+  return pc ? pc->mode_tag() : "fp32";
 }
 
 std::vector<std::string> split_keys(const std::string& joined) {
@@ -104,6 +103,51 @@ std::string joined_state_keys(const std::vector<CallbackPtr>& cbs) {
   for (const auto& cb : cbs)
     if (!cb->state_key().empty()) keys += (keys.empty() ? "" : ",") + cb->state_key();
   return keys;
+}
+
+/// What loading a checkpoint changes (model tensors, optimizer state, callback
+/// states), kept in memory so that a refused load can be undone.
+struct Snapshot {
+  std::vector<torch::Tensor> model;
+  std::string optimizer;
+  std::vector<std::pair<CallbackPtr, std::string>> callbacks;
+};
+
+std::string archive_bytes(const std::function<void(torch::serialize::OutputArchive&)>& write) {
+  torch::serialize::OutputArchive ar;
+  write(ar);
+  std::ostringstream bytes;
+  ar.save_to(bytes);
+  return bytes.str();
+}
+
+void read_archive_bytes(const std::string& bytes, const std::function<void(torch::serialize::InputArchive&)>& read) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(bytes.data(), bytes.size());
+  read(ar);
+}
+
+Snapshot take_snapshot(Learner& learn, const std::vector<CallbackPtr>& cbs) {
+  Snapshot s;
+  for (const auto& t : learn.model().state_tensors()) s.model.push_back(t.clone());
+  s.optimizer = archive_bytes([&](torch::serialize::OutputArchive& ar) { learn.opt().save(ar); });
+  for (const auto& cb : cbs)
+    if (!cb->state_key().empty())
+      s.callbacks.emplace_back(cb, archive_bytes([&](torch::serialize::OutputArchive& ar) { cb->save_state(ar); }));
+  return s;
+}
+
+void restore_snapshot(Learner& learn, const Snapshot& s) {
+  {
+    torch::NoGradGuard no_grad;
+    const auto state = learn.model().state_tensors();
+    for (size_t i = 0; i < state.size() && i < s.model.size(); ++i) state[i].copy_(s.model[i]);
+  }
+  // The optimizer's load only adds entries: clear what the refused load put there.
+  learn.opt().state().clear();
+  read_archive_bytes(s.optimizer, [&](torch::serialize::InputArchive& ar) { learn.opt().load(ar); });
+  for (const auto& [cb, bytes] : s.callbacks)
+    read_archive_bytes(bytes, [&](torch::serialize::InputArchive& ar) { cb->load_state(ar); });
 }
 
 } // namespace
@@ -266,18 +310,26 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
     return 0;
   });
 
-  // 2. Apply. The optimizer and the callbacks validate their own entries as they load.
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [dest, loaded] : model_copies) dest.copy_(loaded);
+  // 2. Apply, all or nothing. The optimizer and the callbacks validate their own
+  // entries only as they load them, so everything applying can change is kept
+  // first and put back when any part is refused.
+  const Snapshot before = take_snapshot(*this, cbs_);
+  try {
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& [dest, loaded] : model_copies) dest.copy_(loaded);
+    }
+    for_each_callback_state([](Callback& cb, torch::serialize::InputArchive& sub) { cb.load_state(sub); });
+    guarded("optimizer state", [&] {
+      torch::serialize::InputArchive opt_ar;
+      ar.read("optimizer", opt_ar);
+      opt().load(opt_ar);
+      return 0;
+    });
+  } catch (...) {
+    restore_snapshot(*this, before);
+    throw;
   }
-  guarded("optimizer state", [&] {
-    torch::serialize::InputArchive opt_ar;
-    ar.read("optimizer", opt_ar);
-    opt().load(opt_ar);
-    return 0;
-  });
-  for_each_callback_state([](Callback& cb, torch::serialize::InputArchive& sub) { cb.load_state(sub); });
   at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle sharing the global state
   global.set_state(global_rng);
   next_epoch_ = resume->epoch;

@@ -6,6 +6,8 @@
 #include <torch/optim.h>
 #include <torch/utils.h>
 
+#include <zlib.h>
+
 #include <algorithm>
 
 namespace mixtrain {
@@ -51,6 +53,15 @@ std::vector<torch::Tensor> Model::state_tensors() const {
   for (const auto& p : module_->parameters()) state.push_back(p.detach());
   for (const auto& b : module_->buffers()) state.push_back(b.detach());
   return state;
+}
+
+uint32_t Model::state_crc32() const {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& t : state_tensors()) {
+    const torch::Tensor c = t.to(torch::kCPU).contiguous();
+    crc = crc32(crc, static_cast<const Bytef*>(c.data_ptr()), static_cast<uInt>(c.nbytes()));
+  }
+  return static_cast<uint32_t>(crc);
 }
 
 Learner::Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOptions options)

@@ -28,15 +28,15 @@ TEST(CudaTest, Fp16AutocastWithFusedScalerOpsFollowsTorchsScaleRule) {
   auto learn = cuda_learner(nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3)));
   learn->to_fp16(amp::GradScalerOptions().init_scale(65536).growth_interval(2));
   learn->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{0, 1, 4})});
-  auto mp = learn->mixed_precision();
-  ASSERT_FALSE(mp->emulated());  // real fp16 on the GPU
+  auto pc = learn->precision_cb();
+  ASSERT_FALSE(pc->emulated());  // real fp16 on the GPU
   const std::vector<double> expected{65536, 32768, 16384, 16384, 32768, 16384, 16384, 32768};
-  EXPECT_EQ(mp->scales(), expected);
-  EXPECT_EQ(mp->skipped_steps(), 3);
+  EXPECT_EQ(test::recorded_scales(*learn), expected);
+  EXPECT_EQ(learn->recorder().skipped_steps(), 3);
   // For the script's comparison with torch's own Python GradScaler on the same pattern.
   if (const char* path = std::getenv("MIXTRAIN_SCALE_SEQUENCE_OUT")) {
     std::ofstream f(path);
-    for (double s : mp->scales()) f << s << "\n";
+    for (double s : test::recorded_scales(*learn)) f << s << "\n";
   }
   EXPECT_TRUE(learn->model().module().parameters()[0].is_cuda());
 }

@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include <mixtrain/amp/fp16_emulation.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <mixtrain/mixtrain.h>
 
 namespace {
@@ -105,16 +106,31 @@ TEST_F(Fp16EmulationTest, ToFp16OnCpuEmulatesSkipsAndLearns) {
   // Start far too high: the scale must back off until gradients fit in half.
   learn.to_fp16(amp::GradScalerOptions().init_scale(std::pow(2.0, 24)));
   learn.fit_one_cycle(3, 1e-2);
-  auto mp = learn.mixed_precision();
-  EXPECT_TRUE(mp->emulated());
-  EXPECT_GT(mp->skipped_steps(), 0) << "scale " << mp->scaler().get_scale();
-  EXPECT_LT(mp->scaler().get_scale(), std::pow(2.0, 24));
+  auto pc = learn.precision_cb();
+  EXPECT_TRUE(pc->emulated());
+  EXPECT_GT(learn.recorder().skipped_steps(), 0) << "scale " << pc->loss_scale();
+  EXPECT_LT(pc->loss_scale(), std::pow(2.0, 24));
   EXPECT_TRUE(learn.recorder().steps().front().skipped);
   EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
 
   Learner strict(TwoLayer(), dls, cross_entropy(), LearnerOptions().progress(false));
   strict.to_fp16({}, /*allow_fp16_emulation=*/false);
   EXPECT_THROW_WITH(strict.fit(1), "fp16 emulation on CPU is forbidden");
+}
+
+} // namespace
+
+namespace {
+
+// ctest runs every test in its own process, so here nothing has used the
+// dispatcher mode yet: linking the library must not have registered it.
+TEST(Fp16EmulationRegistrationTest, TheDispatcherFallbackIsRegisteredOnlyWhenFirstNeeded) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const auto key = c10::DispatchKey::TESTING_ONLY_GenericMode;
+  if (dispatcher.hasBackendFallbackForDispatchKey(key))
+    GTEST_SKIP() << "an earlier test in this process used the mode (run it alone, as ctest does)";
+  { amp::Fp16Emulation on; }
+  EXPECT_TRUE(dispatcher.hasBackendFallbackForDispatchKey(key));
 }
 
 } // namespace

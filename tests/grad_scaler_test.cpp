@@ -93,8 +93,12 @@ TEST_F(GradScalerTest, StateDictRoundTripMidRun) {
   for (bool inf : {true, false, false, true, false, false, false}) rig.step(a, inf ? INFINITY : 0.0);
   const auto state = a.state_dict();
   for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
-    EXPECT_TRUE(state.count(key)) << key;
-  EXPECT_EQ(state.at("_growth_tracker"), 3);
+    EXPECT_TRUE(state.contains(key)) << key;
+  // torch's types: the counters are ints (Python's update() rejects a float growth_interval).
+  EXPECT_TRUE(state.at("growth_interval").isInt());
+  EXPECT_TRUE(state.at("_growth_tracker").isInt());
+  EXPECT_TRUE(state.at("scale").isDouble());
+  EXPECT_EQ(state.at("_growth_tracker").toInt(), 3);
   GradScaler b;
   b.load_state_dict(state);
   EXPECT_EQ(b.get_scale(), a.get_scale());
@@ -105,8 +109,10 @@ TEST_F(GradScalerTest, StateDictRoundTripMidRun) {
     EXPECT_EQ(a.get_scale(), b.get_scale());
     EXPECT_EQ(a.growth_tracker(), b.growth_tracker());
   }
-  EXPECT_THROW_WITH(b.load_state_dict({}), "state dict is empty");
-  EXPECT_THROW_WITH(b.load_state_dict({{"scale", 2.0}}), "missing 'growth_factor'");
+  EXPECT_THROW_WITH(b.load_state_dict(mixtrain::amp::empty_grad_scaler_state()), "state dict is empty");
+  mixtrain::amp::GradScalerState partial = mixtrain::amp::empty_grad_scaler_state();
+  partial.insert("scale", 2.0);
+  EXPECT_THROW_WITH(b.load_state_dict(partial), "missing 'growth_factor'");
 }
 
 TEST_F(GradScalerTest, TwoOptimizersSkipIndependentlyWithOneUpdate) {
@@ -190,7 +196,9 @@ TEST_F(GradScalerTest, DisabledIsAPassThrough) {
   EXPECT_TRUE(torch::equal(scaler.scale(loss), loss));
   EXPECT_TRUE(rig.step(scaler, INFINITY));  // no check when disabled, as torch
   EXPECT_EQ(scaler.get_scale(), 1.0);
-  EXPECT_TRUE(scaler.state_dict().empty());
+  EXPECT_EQ(scaler.state_dict().size(), 0u);
+  scaler.load_state_dict(GradScaler().state_dict());  // ignored, as torch does
+  EXPECT_EQ(scaler.get_scale(), 1.0);
 }
 
 TEST_F(GradScalerTest, OptionsValidation) {
@@ -221,8 +229,70 @@ TEST_F(GradScalerTest, MaxScaleMinScaleAndHysteresis) {
   EXPECT_FALSE(rig.step(patient, INFINITY));  // second in a row: back off
   EXPECT_EQ(patient.get_scale(), 32768);
   EXPECT_TRUE(rig.step(patient));
-  EXPECT_FALSE(rig.step(patient, INFINITY));  // a clean step reset the count
-  EXPECT_EQ(patient.get_scale(), 32768);
+  EXPECT_FALSE(rig.step(patient, INFINITY));  // a clean step does not refill the budget (Megatron): back off
+  EXPECT_EQ(patient.get_scale(), 16384);
+
+  GradScaler consecutive(GradScalerOptions().hysteresis(2).consecutive_hysteresis(true));
+  EXPECT_FALSE(rig.step(consecutive, INFINITY));
+  EXPECT_TRUE(rig.step(consecutive));
+  EXPECT_FALSE(rig.step(consecutive, INFINITY));  // a clean step refilled it: tolerated again
+  EXPECT_EQ(consecutive.get_scale(), 65536);
+}
+
+} // namespace
+
+namespace {
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// C++ -> Python's GradScaler -> C++, through files as a user would move them.
+TEST_F(GradScalerTest, StateDictRoundTripsThroughPythonsGradScaler) {
+  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-torch is not installed (scripts/setup.sh installs it)";
+  const std::string dir = mixtrain::test::scratch_dir("scaler_python");
+  Rig rig;
+  GradScaler a(GradScalerOptions().init_scale(1024).growth_interval(7));
+  for (bool inf : {true, false, false, false}) rig.step(a, inf ? INFINITY : 0.0);
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(a.state_dict()));
+  std::ofstream(dir + "/cpp.pt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+
+  // Without CUDA, Python's GradScaler disables itself at construction; the state
+  // logic is the same once enabled by hand. update() needs CUDA, but its op parses
+  // its arguments first: a float growth_interval is a TypeError there, an int reaches
+  // the missing CPU kernel (NotImplementedError).
+  const std::string script = dir + "/roundtrip.py";
+  std::ofstream(script) << R"(import sys, torch
+d = torch.load(sys.argv[1])
+assert type(d["growth_interval"]) is int and type(d["_growth_tracker"]) is int, d
+assert type(d["scale"]) is float, d
+s = torch.cuda.amp.GradScaler(enabled=False)
+s._enabled, s._scale, s._growth_tracker = True, None, None
+s.load_state_dict(d)
+try:
+    torch._amp_update_scale_(torch.ones(1), torch.zeros(1, dtype=torch.int32), torch.zeros(1),
+                             s._growth_factor, s._backoff_factor, s._growth_interval)
+except TypeError as e:
+    sys.exit("update() would fail on the loaded types: %s" % e)
+except (NotImplementedError, RuntimeError):
+    pass
+out = s.state_dict()
+out["_growth_tracker"] += 1  # Python's own change, to see it come back
+torch.save(out, sys.argv[2])
+)";
+  const std::string cmd = "/usr/bin/python3 " + script + " " + dir + "/cpp.pt " + dir + "/py.pt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+
+  const std::string py = read_bytes(dir + "/py.pt");
+  const c10::IValue loaded = torch::pickle_load(std::vector<char>(py.begin(), py.end()));
+  ASSERT_TRUE(loaded.isGenericDict());
+  GradScaler b;
+  b.load_state_dict(loaded.toGenericDict());
+  EXPECT_EQ(b.get_scale(), a.get_scale());
+  EXPECT_EQ(b.options().growth_interval(), 7);
+  EXPECT_EQ(b.growth_tracker(), a.growth_tracker() + 1);
 }
 
 } // namespace

@@ -110,9 +110,8 @@ TEST_F(LearnerTest, CsvLoggerAndSummaryFiles) {
   const std::string dir = test::scratch_dir("learner_logs");
   Learner learn(torch::nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
   learn.add_cb(std::make_shared<callbacks::CSVLogger>(dir));
-  learn.add_cb(std::make_shared<callbacks::SummaryWriter>(dir + "/summary.json",
-                                                          std::map<std::string, std::string>{{"precision", "fp32"}},
-                                                          std::map<std::string, double>{{"threads", 1}}));
+  learn.add_cb(std::make_shared<callbacks::SummaryWriter>(
+      callbacks::SummaryWriterOptions(dir + "/summary.json").integers({{"threads", 1}})));
   learn.fit(2, 1e-2);
   std::ifstream metrics(dir + "/metrics.csv"), steps(dir + "/steps.csv"), summary(dir + "/summary.json");
   std::string line;

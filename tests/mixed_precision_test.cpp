@@ -53,15 +53,14 @@ TEST_F(MixedPrecisionTest, InjectedOverflowsAreSkippedRecordedAndKept) {
   }
   EXPECT_EQ(learn.recorder().values().back().skipped, 3);
   EXPECT_NE(table.str().find("skipped 3/8"), std::string::npos) << table.str();
-  auto mp = learn.mixed_precision();
-  ASSERT_NE(mp, nullptr);
-  EXPECT_EQ(mp->skipped_steps(), 3);
-  EXPECT_EQ(learn.recorder().skipped_steps(), 3);  // the Recorder keeps the count after fit
-  EXPECT_EQ(mp->scales().size(), 8u);
+  ASSERT_NE(learn.precision_cb(), nullptr);
+  EXPECT_EQ(learn.recorder().skipped_steps(), 3);  // the Recorder keeps the history after fit
+  EXPECT_TRUE(learn.precision_cb()->loss_scaled());
   // The logged loss is the unscaled one.
   EXPECT_LT(steps[0].loss, 10.0);
   learn.to_fp32();
-  EXPECT_EQ(learn.mixed_precision(), nullptr);
+  EXPECT_EQ(learn.precision_cb(), nullptr);
+  EXPECT_EQ(learn.precision(), Precision::kFp32);
   EXPECT_EQ(learn.recorder().steps().size(), 8u);  // history survives to_fp32
   EXPECT_TRUE(learn.recorder().steps()[0].skipped);
 }
@@ -78,7 +77,8 @@ TEST_F(MixedPrecisionTest, Bf16OnCpuTrainsWithFp32PredsAndNoScaler) {
   learn.fit_one_cycle(3, 2e-2);
   EXPECT_EQ(dtypes->seen, (std::set<c10::ScalarType>{torch::kFloat}));
   EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
-  EXPECT_FALSE(learn.mixed_precision()->scaler().is_enabled());
+  EXPECT_FALSE(learn.precision_cb()->loss_scaled());
+  EXPECT_EQ(learn.precision_cb()->grad_scaler(), nullptr);
   EXPECT_TRUE(std::isnan(learn.recorder().steps().back().scale));
   EXPECT_FALSE(mixtrain::amp::compat::is_autocast_enabled(torch::kCPU));  // the guard closed
 }
@@ -87,12 +87,13 @@ TEST_F(MixedPrecisionTest, ToFp16ReplacesAndChains) {
   Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_bf16().to_fp16(amp::GradScalerOptions().init_scale(256));
   int count = 0;
-  for (const auto& cb : learn.cbs()) count += std::dynamic_pointer_cast<amp::MixedPrecision>(cb) != nullptr;
+  for (const auto& cb : learn.cbs()) count += std::dynamic_pointer_cast<amp::PrecisionCallback>(cb) != nullptr;
   EXPECT_EQ(count, 1);
-  EXPECT_EQ(learn.mixed_precision()->dtype(), torch::kHalf);
-  EXPECT_EQ(learn.mixed_precision()->scaler().get_scale(), 256);
+  EXPECT_EQ(learn.precision_cb()->dtype(), torch::kHalf);
+  EXPECT_EQ(learn.precision_cb()->loss_scale(), 256);
+  EXPECT_FALSE(learn.precision_cb()->emulated());  // decided at fit start, by the Learner's device
   learn.fit(1);
-  EXPECT_EQ(learn.mixed_precision()->emulated(), !mixtrain::amp::compat::cuda_available());
+  EXPECT_TRUE(learn.precision_cb()->emulated());   // this Learner trains on the CPU: fp16 is emulated
 }
 
 TEST_F(MixedPrecisionTest, AccumulationStepsTheScalerOnlyOnTheBoundaryAndClipRecordsNorms) {
@@ -101,9 +102,10 @@ TEST_F(MixedPrecisionTest, AccumulationStepsTheScalerOnlyOnTheBoundaryAndClipRec
   learn.add_cb(std::make_shared<callbacks::GradientAccumulation>(2));
   learn.add_cb(std::make_shared<callbacks::GradientClip>(0.5));
   learn.fit(1, 1e-2);
-  auto mp = learn.mixed_precision();
-  EXPECT_EQ(mp->scales().size(), 4u);                  // 8 batches, one step per 2
-  EXPECT_EQ(mp->scaler().get_scale(), 65536.0 * 16);  // 4 clean updates, growth_interval 1
+  int64_t attempted = 0;  // steps that recorded a scale: 8 batches, one step per 2
+  for (double s : test::recorded_scales(learn)) attempted += std::isfinite(s);
+  EXPECT_EQ(attempted, 4);
+  EXPECT_EQ(learn.precision_cb()->loss_scale(), 65536.0 * 16);  // 4 clean updates, growth_interval 1
   const auto& steps = learn.recorder().steps();
   for (size_t i = 0; i < steps.size(); ++i) {
     EXPECT_EQ(std::isfinite(steps[i].grad_norm), i % 2 == 1) << i;  // clipped only where it stepped

@@ -109,18 +109,18 @@ TEST_F(ScaleAnalysisTest, FitWarnsAboveFivePercentSkippedAndStaysSilentBelow) {
   auto learn = make();
   learn->to_fp16(amp::GradScalerOptions().init_scale(256));  // low enough that nothing overflows by itself
   learn->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
-  const std::string w = learn->mixed_precision()->fit_warning();
+  const std::string w = learn->get_cb<diagnose::FitWarning>()->message();
   EXPECT_NE(w.find("1 of 10 steps (10%) were skipped"), std::string::npos) << w;
   EXPECT_NE(w.find("likely underflow"), std::string::npos) << w;
   // The next fit without overflow is judged on its own steps: silent.
   learn->fit(2, 1e-2);
-  EXPECT_EQ(learn->mixed_precision()->fit_warning(), "");
+  EXPECT_EQ(learn->get_cb<diagnose::FitWarning>()->message(), "");
   // 1 of 20 = 5% is not above the threshold.
   auto quiet = make();
   quiet->to_fp16(amp::GradScalerOptions().init_scale(256));
   quiet->fit(2, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
-  EXPECT_EQ(quiet->mixed_precision()->skipped_steps(), 1);
-  EXPECT_EQ(quiet->mixed_precision()->fit_warning(), "");
+  EXPECT_EQ(quiet->recorder().skipped_steps(), 1);
+  EXPECT_EQ(quiet->get_cb<diagnose::FitWarning>()->message(), "");
 }
 
 } // namespace

@@ -21,7 +21,7 @@ class TerminateOnNaNTest : public test::SeededTest {};
 TEST_F(TerminateOnNaNTest, Fp32StopsAtTheFirstBadLossAndKeepsTheLastGoodState) {
   const std::string dir = test::scratch_dir("nan_fp32");
   Learner learn(nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false).opt_func(sgd(0.0)));
-  auto ckpt = std::make_shared<callbacks::Checkpointer>(dir, 0);
+  auto ckpt = std::make_shared<callbacks::Checkpointer>(callbacks::CheckpointerOptions(dir));
   auto stop = std::make_shared<callbacks::TerminateOnNaN>(10, ckpt);
   // Poison the weights after step 2: the next forward pass gives a NaN loss.
   struct Poison : Callback {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mixtrain/data.h>
 #include <mixtrain/learner.h>
+#include <mixtrain/testing.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -52,20 +53,15 @@ inline mixtrain::data::Dataset blobs(int64_t n, int64_t classes = 3, int64_t dim
   return {x, y};
 }
 
-/// Writes inf into the first parameter's gradient at the training steps `at`
-/// picks (train_iter() during backward), before any precision callback checks it.
-class InjectOverflow : public mixtrain::Callback {
- public:
-  explicit InjectOverflow(std::function<bool(int64_t step)> at) : at_(std::move(at)) { order = 5; }
-  explicit InjectOverflow(std::set<int64_t> steps)
-      : InjectOverflow([steps = std::move(steps)](int64_t s) { return steps.count(s) > 0; }) {}
-  void after_backward(mixtrain::Learner& learn) override {
-    if (at_(learn.train_iter())) learn.model().module().parameters()[0].grad().view(-1)[0] = INFINITY;
-  }
+using mixtrain::testing::InjectOverflow;
 
- private:
-  std::function<bool(int64_t)> at_;
-};
+/// The loss scale of every recorded step (skipped ones included): the Recorder
+/// holds the scale history.
+inline std::vector<double> recorded_scales(mixtrain::Learner& learn) {
+  std::vector<double> scales;
+  for (const auto& s : learn.recorder().steps()) scales.push_back(s.scale);
+  return scales;
+}
 
 /// Every tensor of `a` equals its counterpart in `b`, element for element.
 inline void expect_bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {

@@ -44,11 +44,11 @@ int run(int argc, char** argv) {
 
   int64_t g_skipped = 0;
   for (bool s : gan->generator_skipped()) g_skipped += s;
-  auto mp = learn.mixed_precision();
+  auto mp = learn.precision_cb();
   std::printf("gan: %s fp16, %zu steps; critic skipped %lld, generator skipped %lld; final scale %.0f\n",
               mp->emulated() ? "emulated" : "CUDA", gan->generator_skipped().size(),
-              static_cast<long long>(mp->skipped_steps()), static_cast<long long>(g_skipped),
-              mp->scaler().get_scale());
+              static_cast<long long>(learn.recorder().skipped_steps()), static_cast<long long>(g_skipped),
+              mp->loss_scale());
   std::printf("gan: generated mean %.3f -> %.3f (target 4.0), std %.3f (target 0.5)\n", mean_before,
               samples.mean().item<double>(), samples.std().item<double>());
   return 0;

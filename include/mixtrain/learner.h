@@ -3,8 +3,6 @@
 /// fires fastai's events. Everything beyond the bare loop (recording, progress,
 /// schedules, mixed precision) is a callback.
 
-#include "mixtrain/amp/grad_scaler.h"
-#include "mixtrain/amp/master_weights.h"
 #include "mixtrain/callback.h"
 #include "mixtrain/data.h"
 #include "mixtrain/metrics.h"
@@ -24,7 +22,15 @@
 
 namespace mixtrain {
 
-namespace amp { class MixedPrecision; }
+// The precision one-liners below take amp's options; the loop itself knows
+// nothing about mixed precision (mixtrain/precision.h defines them).
+namespace amp {
+struct GradScalerOptions;
+struct MasterWeightsOptions;
+class PrecisionCallback;
+} // namespace amp
+enum class Precision;
+struct PrecisionOptions;
 
 /// Annotations of the current training step, filled by callbacks (mixed
 /// precision, clipping) and copied by the Recorder into its step row.
@@ -65,6 +71,9 @@ class Model {
   /// compute the same. Detached, but sharing storage: writing to them (a
   /// broadcast, copy_) changes the model.
   std::vector<torch::Tensor> state_tensors() const;
+  /// CRC-32 of state_tensors()' bytes: equal values mean (almost surely) identical
+  /// weights, e.g. on every rank of a data-parallel run.
+  uint32_t state_crc32() const;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
@@ -109,22 +118,34 @@ class Learner {
   /// Predictions and targets over the validation set, concatenated.
   std::pair<torch::Tensor, torch::Tensor> get_preds();
 
-  /// Mixed precision with fp16 autocast and dynamic loss scaling (fastai's
-  /// to_fp16). On CPU fp16 numerics are emulated, unless `allow_fp16_emulation`
-  /// is false (then fit throws). Replaces any earlier precision callback. Chainable.
-  Learner& to_fp16(amp::GradScalerOptions scaler_options = {}, bool allow_fp16_emulation = true);
-  /// Mixed precision with bf16 autocast and no loss scaling (fastai's to_bf16).
+  /// Trains in `precision` from now on (fp32, fp16, bf16, fp16-master,
+  /// bf16-master; see mixtrain/precision.h), replacing any earlier precision mode.
+  /// Throws c10::Error naming a bad option. Chainable.
+  ///
+  /// Example:
+  ///   learn.set_precision(mixtrain::Precision::kFp16,
+  ///                       mixtrain::PrecisionOptions().scaler(mixtrain::amp::GradScalerOptions().init_scale(256)));
+  Learner& set_precision(Precision precision, const PrecisionOptions& options);
+  Learner& set_precision(Precision precision);
+  /// The precision mode the Learner trains in.
+  Precision precision() const;
+  /// The attached precision callback (scale, dtype, emulation), or nullptr in fp32.
+  std::shared_ptr<amp::PrecisionCallback> precision_cb() const;
+
+  /// fastai's to_fp16: fp16 autocast and dynamic loss scaling. On CPU fp16
+  /// numerics are emulated, unless `allow_fp16_emulation` is false (then fit throws).
+  Learner& to_fp16();
+  Learner& to_fp16(const amp::GradScalerOptions& scaler_options, bool allow_fp16_emulation = true);
+  /// fastai's to_bf16: bf16 autocast, no loss scaling.
   Learner& to_bf16();
-  /// fastai v1's mixed precision: the model stored in `options.dtype()` (norm
-  /// layers fp32), fp32 master weights updated by the optimizer, dynamic loss
-  /// scaling with true skips. Replaces any earlier precision mode. Chainable.
-  Learner& to_half(amp::MasterWeightsOptions options = {});
-  /// Back to full precision: detaches the mixed-precision callback (master
-  /// weights are copied back into an fp32 model). The Recorder keeps the
-  /// scale/skip history of earlier fits.
+  /// fastai v1's mixed precision: the model stored in `options.dtype()` (fp16 by
+  /// default; norm layers fp32), fp32 master weights updated by the optimizer,
+  /// dynamic loss scaling with true skips.
+  Learner& to_half();
+  Learner& to_half(const amp::MasterWeightsOptions& options);
+  /// Back to full precision: detaches the precision callback (master weights are
+  /// copied back into an fp32 model). The Recorder keeps the scale/skip history.
   Learner& to_fp32();
-  /// The attached MixedPrecision callback (scaler, scale history), or nullptr.
-  std::shared_ptr<amp::MixedPrecision> mixed_precision() const;
 
   /// Writes everything an exact resume needs to `path`: model, optimizer state,
   /// every stateful callback (Recorder history, GradScaler, fp32 masters, scale

@@ -4,9 +4,9 @@
 namespace mixtrain {
 
 /// Sets libtorch's intra-op (OpenMP) threads to `n` (0: all cores) and pins
-/// OpenBLAS to one thread, since libtorch already parallelizes around its calls.
-/// Measured on this 2-core machine: 2 OpenMP + 1 OpenBLAS thread trained the
-/// reference CNN 1.3x faster than libtorch's default of 1; 2 + 2 was slower.
+/// OpenBLAS to one thread, since libtorch already parallelizes around its calls
+/// (OpenMP and OpenBLAS threads each on every core oversubscribe it; BENCHMARKS.md
+/// has the measurements).
 /// Returns the number of intra-op threads set.
 int configure_threads(int n = 0);
 

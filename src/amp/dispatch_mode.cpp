@@ -5,8 +5,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
-#include <unordered_set>
 
 namespace mixtrain::amp::detail {
 
@@ -27,17 +28,8 @@ int& depth(Mode mode) {
   return trace_depth;
 }
 
-/// CUDA autocast's lower-precision (fp16) op list.
 bool runs_in_fp16_under_autocast(const std::string& name) {
-  static const std::unordered_set<std::string> kOps = {
-      "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::conv_tbc",
-      "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d", "aten::convolution",
-      "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::prelu", "aten::addmm", "aten::addmv",
-      "aten::addr", "aten::matmul", "aten::einsum", "aten::mm", "aten::mv", "aten::linear", "aten::addbmm",
-      "aten::baddbmm", "aten::bmm", "aten::chain_matmul", "aten::linalg_multi_dot", "aten::_thnn_fused_lstm_cell",
-      "aten::_thnn_fused_gru_cell", "aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell",
-      "aten::rnn_relu_cell", "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention"};
-  return kOps.count(name) > 0;
+  return autocast_list(name) == AutocastList::kLowerPrecision;
 }
 
 bool is_norm(const std::string& name) {
@@ -116,9 +108,22 @@ void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
   observer->on_op(op.schema().name(), inputs, outputs, results, runs_in_fp16_under_autocast(op.schema().name()));
 }
 
+/// Registers mode_fallback on kModeKey, once per process, when first needed: the
+/// key is otherwise left free, and linking the library changes nothing.
+void register_fallback_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Lives for the process: the registration is undone when the Library is destroyed.
+    static auto* library = new torch::Library(torch::Library::IMPL, "_", kModeKey, __FILE__, __LINE__);
+    library->fallback(torch::CppFunction::makeFromBoxedFunction<&mode_fallback>());
+  });
+}
+
 } // namespace
 
-DispatchModeGuard::DispatchModeGuard(Mode mode) : mode_(mode), include_(kModeKey) { ++depth(mode); }
+DispatchModeGuard::DispatchModeGuard(Mode mode) : mode_(mode), include_((register_fallback_once(), kModeKey)) {
+  ++depth(mode);
+}
 DispatchModeGuard::~DispatchModeGuard() { --depth(mode_); }
 
 OpObserver* set_op_observer(OpObserver* next) {
@@ -131,6 +136,15 @@ bool mode_active(Mode mode) { return depth(mode) > 0 && c10::impl::tls_is_dispat
 
 } // namespace mixtrain::amp::detail
 
-TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&mixtrain::amp::detail::mode_fallback>());
+namespace mixtrain::amp {
+
+OpTraceScope::OpTraceScope(OpObserver* observer)
+    : previous_(detail::set_op_observer(observer)),
+      mode_(std::make_shared<detail::DispatchModeGuard>(detail::Mode::kOpTrace)) {}
+
+OpTraceScope::~OpTraceScope() {
+  mode_.reset();
+  detail::set_op_observer(previous_);
 }
+
+} // namespace mixtrain::amp

@@ -5,9 +5,9 @@
 // one fallback. Each behaviour has a thread-local depth; the key is included
 // while any depth is positive.
 
-#include <ATen/core/ivalue.h>
+#include "mixtrain/amp/op_trace.h"
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/ArrayRef.h>
 
 #include <string>
 
@@ -15,23 +15,12 @@ namespace mixtrain::amp::detail {
 
 enum class Mode { kFp16Emulation, kFp32Norms, kOpTrace };
 
-/// Sees every top-level op run on this thread while Mode::kOpTrace is on
-/// (ops called from inside an op are not reported again).
-class OpObserver {
- public:
-  virtual ~OpObserver() = default;
-  /// `outputs` are measured before fp16 emulation rounds them to half, so a value
-  /// that rounds to inf still shows its real magnitude. `in_fp16_list`: the op is
-  /// on autocast's fp16 list (it runs in fp16 under CUDA autocast).
-  /// `results` are what the op returns to its caller (rounded, under emulation).
-  virtual void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs,
-                     c10::ArrayRef<c10::IValue> results, bool in_fp16_list) = 0;
-};
-
 /// Installs the observer for this thread (nullptr removes it); returns the previous one.
 OpObserver* set_op_observer(OpObserver* observer);
 
-/// While alive, `mode` is on for this thread. Nestable.
+/// While alive, `mode` is on for this thread. Nestable. The first guard ever
+/// made registers the dispatcher fallback (a process that never uses fp16
+/// emulation, fp32 norms or the tracer never has it).
 class DispatchModeGuard {
  public:
   explicit DispatchModeGuard(Mode mode);

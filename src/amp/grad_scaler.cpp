@@ -9,13 +9,21 @@
 namespace mixtrain::amp {
 
 namespace {
-/// torch keeps the scale as a float32 tensor: every new value is rounded to float.
-double as_float(double v) { return static_cast<double>(static_cast<float>(v)); }
+LossScaleRuleOptions rule_options(const GradScalerOptions& o) {
+  LossScaleRuleOptions r;
+  r.growth_factor = o.growth_factor();
+  r.backoff_factor = o.backoff_factor();
+  r.growth_interval = o.growth_interval();
+  r.min_scale = o.min_scale();
+  r.throw_at_min_scale = true;
+  r.max_scale = o.max_scale();
+  r.hysteresis = o.hysteresis();
+  r.consecutive_hysteresis = o.consecutive_hysteresis();
+  return r;
+}
 } // namespace
 
-GradScaler::GradScaler(GradScalerOptions options)
-    : options_(options), scale_(as_float(options.init_scale())), hysteresis_left_(options.hysteresis()) {
-  const auto& o = options_;
+void validate(const GradScalerOptions& o) {
   TORCH_CHECK(o.init_scale() > 0 && std::isfinite(o.init_scale()), "Invalid init_scale: ", o.init_scale(),
               " (must be > 0 and finite)");
   TORCH_CHECK(o.growth_factor() > 1, "Invalid growth_factor: ", o.growth_factor(), " (must be > 1)");
@@ -29,14 +37,19 @@ GradScaler::GradScaler(GradScalerOptions options)
   TORCH_CHECK(o.hysteresis() >= 1, "Invalid hysteresis: ", o.hysteresis(), " (must be >= 1)");
 }
 
+GradScaler::GradScaler(GradScalerOptions options)
+    : options_(options), rule_(options.init_scale(), rule_options(options)) {
+  validate(options_);
+}
+
 void GradScaler::ensure_scale(const torch::Device& device) {
   if (!scale_tensor_.defined() || scale_tensor_.device() != device)
-    scale_tensor_ = torch::full({}, scale_, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    scale_tensor_ = torch::full({}, rule_.scale(), torch::TensorOptions().dtype(torch::kFloat).device(device));
 }
 
 void GradScaler::sync_scale_tensor() {
   // fill_ with a host scalar launches a kernel on CUDA; it does not synchronize.
-  if (scale_tensor_.defined()) scale_tensor_.fill_(scale_);
+  if (scale_tensor_.defined()) scale_tensor_.fill_(rule_.scale());
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
@@ -62,7 +75,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& opt) {
 
   const torch::Device device = grads.empty() ? torch::Device(torch::kCPU) : grads.front().device();
   // inv_scale as torch computes it: reciprocal in double, then rounded to float.
-  const float inv = static_cast<float>(1.0 / scale_);
+  const float inv = static_cast<float>(1.0 / rule_.scale());
   if (device.is_cpu()) {
     const bool found = non_finite_check_and_unscale_cpu(grads, inv);
     s.found_inf = torch::full({1}, found ? 1.0f : 0.0f);
@@ -110,7 +123,7 @@ bool GradScaler::step(torch::optim::Optimizer& opt) {
 void GradScaler::update(double new_scale) {
   if (!is_enabled()) return;
   TORCH_CHECK(new_scale > 0 && std::isfinite(new_scale), "Invalid new_scale: ", new_scale, " (must be > 0)");
-  scale_ = as_float(new_scale);
+  rule_.set_scale(new_scale);
   sync_scale_tensor();
   per_opt_.clear();
 }
@@ -126,54 +139,52 @@ void GradScaler::update() {
   TORCH_CHECK(recorded, "No inf checks were recorded prior to update().");
   per_opt_.clear();
   last_overflow_ = overflow;
-  const auto& o = options_;
-  if (overflow) {
-    growth_tracker_ = 0;
-    if (--hysteresis_left_ > 0) return;  // tolerated (hysteresis > 1 only)
-    hysteresis_left_ = 0;
-    TORCH_CHECK(!(o.min_scale() > 0 && scale_ <= o.min_scale()), "GradScaler: gradients still overflow at min_scale ",
-                o.min_scale(), "; the model is not fp16-safe at this lr (lower the lr, clip gradients, or use bf16/fp32)");
-    scale_ = as_float(std::max(scale_ * o.backoff_factor(), o.min_scale()));
-  } else {
-    hysteresis_left_ = o.hysteresis();
-    if (++growth_tracker_ == o.growth_interval()) {
-      const double grown = as_float(std::min(scale_ * o.growth_factor(), o.max_scale()));
-      if (std::isfinite(grown)) scale_ = as_float(grown);
-      growth_tracker_ = 0;
-    }
-  }
+  rule_.update(overflow);
   sync_scale_tensor();
 }
 
-double GradScaler::get_scale() const { return is_enabled() ? scale_ : 1.0; }
+double GradScaler::get_scale() const { return is_enabled() ? rule_.scale() : 1.0; }
 
-std::map<std::string, double> GradScaler::state_dict() const {
-  if (!is_enabled()) return {};
-  return {{"scale", scale_},
-          {"growth_factor", options_.growth_factor()},
-          {"backoff_factor", options_.backoff_factor()},
-          {"growth_interval", static_cast<double>(options_.growth_interval())},
-          {"_growth_tracker", static_cast<double>(growth_tracker_)},
-          {"_hysteresis_tracker", static_cast<double>(hysteresis_left_)}};
+GradScalerState GradScaler::state_dict() const {
+  GradScalerState state = empty_grad_scaler_state();
+  if (!is_enabled()) return state;
+  state.insert("scale", rule_.scale());
+  state.insert("growth_factor", options_.growth_factor());
+  state.insert("backoff_factor", options_.backoff_factor());
+  state.insert("growth_interval", options_.growth_interval());
+  state.insert("_growth_tracker", rule_.growth_tracker());
+  state.insert("_hysteresis_tracker", rule_.hysteresis_left());
+  return state;
 }
 
-void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
-  TORCH_CHECK(is_enabled(), "GradScaler.load_state_dict() on a disabled GradScaler");
-  TORCH_CHECK(!state.empty(),
+namespace {
+/// A number of a state dict, int or float (Python writes `scale` as a float, a
+/// hand-made dict may not).
+double number(const GradScalerState& state, const char* key) {
+  TORCH_CHECK(state.contains(key), "GradScaler state dict is missing '", key, "'");
+  const c10::IValue v = state.at(key);
+  TORCH_CHECK(v.isDouble() || v.isInt(), "GradScaler state dict: '", key, "' is not a number");
+  return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+}
+} // namespace
+
+void GradScaler::load_state_dict(const GradScalerState& state) {
+  if (!is_enabled()) return;  // torch ignores it too
+  TORCH_CHECK(state.size() > 0,
               "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.");
-  for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
-    TORCH_CHECK(state.count(key), "GradScaler state dict is missing '", key, "'");
   GradScalerOptions o = options_;
-  o.init_scale(state.at("scale"))
-      .growth_factor(state.at("growth_factor"))
-      .backoff_factor(state.at("backoff_factor"))
-      .growth_interval(static_cast<int64_t>(state.at("growth_interval")));
-  GradScaler validated(o);  // same checks as the constructor
+  o.init_scale(number(state, "scale"))
+      .growth_factor(number(state, "growth_factor"))
+      .backoff_factor(number(state, "backoff_factor"))
+      .growth_interval(static_cast<int64_t>(number(state, "growth_interval")));
+  const auto tracker = static_cast<int64_t>(number(state, "_growth_tracker"));
+  const auto hysteresis = state.contains("_hysteresis_tracker")
+                              ? static_cast<int64_t>(number(state, "_hysteresis_tracker"))
+                              : o.hysteresis();
+  validate(o);
   options_ = o;
-  scale_ = as_float(state.at("scale"));
-  growth_tracker_ = static_cast<int64_t>(state.at("_growth_tracker"));
-  hysteresis_left_ = state.count("_hysteresis_tracker") ? static_cast<int64_t>(state.at("_hysteresis_tracker"))
-                                                        : options_.hysteresis();
+  rule_ = LossScaleRule(o.init_scale(), rule_options(o));
+  rule_.set_counters(tracker, hysteresis);
   sync_scale_tensor();
   per_opt_.clear();
 }

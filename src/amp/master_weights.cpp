@@ -2,7 +2,6 @@
 
 #include "../archive_util.h"
 #include "dispatch_mode.h"
-#include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/learner.h"
 
@@ -11,6 +10,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <cmath>
 #include <unordered_map>
 
 namespace mixtrain::amp {
@@ -57,22 +57,40 @@ std::unique_ptr<torch::optim::Optimizer> rebuilt_optimizer(Learner& learn,
 
 int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
+/// fastai v1's dynamic rule as LossScaleRule's parameters: halve on overflow while
+/// above 1, double after max_noskip clean steps, up to max_scale.
+LossScaleRuleOptions v1_rule(const MasterWeightsOptions& o) {
+  LossScaleRuleOptions r;
+  r.growth_factor = 2.0;
+  r.backoff_factor = 0.5;
+  r.growth_interval = o.max_noskip();
+  r.min_scale = 1.0;
+  r.throw_at_min_scale = false;
+  r.max_scale = o.max_scale();
+  return r;
+}
+
 } // namespace
+
+void validate(const MasterWeightsOptions& o) {
+  TORCH_CHECK(o.dtype() == torch::kHalf || o.dtype() == torch::kBFloat16,
+              "MasterWeights: dtype must be Half or BFloat16, got ", o.dtype());
+  TORCH_CHECK(o.max_noskip() >= 1, "Invalid max_noskip: ", o.max_noskip(), " (must be >= 1)");
+  TORCH_CHECK(o.max_scale() >= 1 && !std::isnan(o.max_scale()), "Invalid max_scale: ", o.max_scale(), " (must be >= 1)");
+  TORCH_CHECK(o.loss_scale() >= 0 && std::isfinite(o.loss_scale()), "Invalid loss_scale: ", o.loss_scale(),
+              " (must be > 0; 0 picks the default)");
+  TORCH_CHECK(o.clip() >= 0 && std::isfinite(o.clip()), "Invalid clip: ", o.clip(), " (must be > 0; 0 is off)");
+}
 
 MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
     : options_(options),
-      scale_(options.loss_scale() > 0 ? options.loss_scale() : (options.dynamic() ? 65536.0 : 512.0)) {
+      rule_(options.loss_scale() > 0 ? options.loss_scale() : (options.dynamic() ? 65536.0 : 512.0), v1_rule(options)) {
   order = 10;
+  validate(options_);
   const auto dtype = options_.dtype();
-  TORCH_CHECK(dtype == torch::kHalf || dtype == torch::kBFloat16,
-              "MasterWeights: dtype must be Half or BFloat16, got ", dtype);
-  TORCH_CHECK(options_.max_noskip() >= 1, "Invalid max_noskip: ", options_.max_noskip(), " (must be >= 1)");
-  TORCH_CHECK(options_.max_scale() >= 1, "Invalid max_scale: ", options_.max_scale(), " (must be >= 1)");
-  TORCH_CHECK(options_.loss_scale() >= 0, "Invalid loss_scale: ", options_.loss_scale(), " (must be > 0)");
-  TORCH_CHECK(options_.clip() >= 0, "Invalid clip: ", options_.clip(), " (must be > 0)");
   TORCH_CHECK(!(dtype == torch::kHalf && learn.device().is_cpu()),
               "fp16 master weights need CUDA: libtorch has no CPU half matmul. Use bf16 master weights "
-              "(--precision bf16-master) or emulated fp16 (--precision fp16)");
+              "(to_half(MasterWeightsOptions().dtype(kBFloat16))) or emulated fp16 (to_fp16())");
 
   // The optimizer's param groups decide the master groups; create it now if needed.
   torch::optim::Optimizer& opt = learn.opt();
@@ -119,6 +137,12 @@ void MasterWeights::rebuild_optimizer(Learner& learn) {
   learn.set_opt(std::move(fresh));
 }
 
+std::vector<torch::Tensor> MasterWeights::state_tensors() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& m : masters_) out.push_back(m.detach());
+  return out;
+}
+
 ParamMemory MasterWeights::memory() const {
   ParamMemory m;
   for (const auto& p : model_params_) {
@@ -147,7 +171,7 @@ void MasterWeights::before_fit(Learner& learn) {
 void MasterWeights::before_batch(Learner& learn) {
   torch::Tensor& x = learn.batch().x;
   if (x.is_floating_point() && x.scalar_type() != options_.dtype()) x = x.to(options_.dtype());
-  norm_mode_ = std::make_unique<detail::DispatchModeGuard>(detail::Mode::kFp32Norms);
+  norm_mode_ = std::make_shared<detail::DispatchModeGuard>(detail::Mode::kFp32Norms);
 }
 
 void MasterWeights::after_pred(Learner& learn) {
@@ -161,11 +185,13 @@ void MasterWeights::after_batch(Learner&) { norm_mode_.reset(); }
 void MasterWeights::after_cancel_batch(Learner&) { norm_mode_.reset(); }
 void MasterWeights::after_fit(Learner&) { norm_mode_.reset(); }
 
-void MasterWeights::before_backward(Learner& learn) { learn.loss_grad() = learn.loss_grad() * scale_; }
+void MasterWeights::before_backward(Learner& learn) { learn.loss_grad() = learn.loss_grad() * rule_.scale(); }
+
+std::string MasterWeights::mode_tag() const { return std::string("master_weights:") + c10::toString(options_.dtype()); }
 
 void MasterWeights::before_step(Learner& learn) {
   stepped_ = false;
-  const double scale_used = scale_;
+  const double scale_used = rule_.scale();
   std::vector<torch::Tensor> grads;
   for (const auto& p : model_params_) grads.push_back(p.grad());
   bool overflow = has_non_finite(grads);  // one fused pass
@@ -176,11 +202,9 @@ void MasterWeights::before_step(Learner& learn) {
   }
   learn.step_info().scale = scale_used;
   learn.step_info().skipped = overflow;
-  history_.record(scale_used, overflow);
   if (overflow) {
     // A true skip: no optimizer call at all, so no weight decay and no momentum.
-    if (options_.dynamic() && scale_ > 1) scale_ /= 2;
-    noskip_ = 0;
+    if (options_.dynamic()) rule_.update(/*overflow=*/true);
     for (auto& p : model_params_) p.mutable_grad() = torch::Tensor();
     throw CancelStepException();
   }
@@ -192,14 +216,14 @@ void MasterWeights::before_step(Learner& learn) {
       for (const auto& p : g.params)
         parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
       if (!parts.empty()) at::cat_out(g.flat.mutable_grad(), parts);  // one kernel, cast to fp32 on write
-      g.flat.mutable_grad().div_(scale_);
+      g.flat.mutable_grad().div_(scale_used);
     } else {
       for (size_t i = 0; i < g.params.size(); ++i) {
         const torch::Tensor& pg = g.params[i].grad();
         torch::Tensor& mg = g.masters[i].mutable_grad();
         if (!pg.defined()) continue;
         if (!mg.defined()) mg = torch::empty_like(g.masters[i]);
-        mg.copy_(pg).div_(scale_);
+        mg.copy_(pg).div_(scale_used);
       }
     }
   }
@@ -213,11 +237,7 @@ void MasterWeights::after_step(Learner&) {
   if (!stepped_) return;  // after a cancelled step nothing moved
   stepped_ = false;
   copy_masters_to_model();
-  if (!options_.dynamic()) return;
-  if (++noskip_ >= options_.max_noskip() && scale_ < options_.max_scale()) {
-    scale_ = std::min(scale_ * 2, options_.max_scale());
-    noskip_ = 0;
-  }
+  if (options_.dynamic()) rule_.update(/*overflow=*/false);
 }
 
 void MasterWeights::copy_masters_to_model() {
@@ -227,11 +247,10 @@ void MasterWeights::copy_masters_to_model() {
 }
 
 void MasterWeights::save_state(torch::serialize::OutputArchive& ar) const {
-  mixtrain::detail::write_f64(ar, "scale", scale_);
-  mixtrain::detail::write_i64(ar, "noskip", noskip_);
+  mixtrain::detail::write_f64(ar, "scale", rule_.scale());
+  mixtrain::detail::write_i64(ar, "noskip", rule_.growth_tracker());
   mixtrain::detail::write_i64(ar, "num_masters", static_cast<int64_t>(masters_.size()));
   for (size_t i = 0; i < masters_.size(); ++i) ar.write("master." + std::to_string(i), masters_[i].detach());
-  mixtrain::detail::write_history(ar, history_);
 }
 
 void MasterWeights::load_state(torch::serialize::InputArchive& ar) {
@@ -247,15 +266,13 @@ void MasterWeights::load_state(torch::serialize::InputArchive& ar) {
   }
   const double scale = mixtrain::detail::read_f64(ar, "scale");
   const int64_t noskip = mixtrain::detail::read_i64(ar, "noskip");
-  ScaleHistory history = mixtrain::detail::read_history(ar);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < masters_.size(); ++i) masters_[i].copy_(loaded[i]);
-  scale_ = scale;
-  noskip_ = noskip;
-  history_ = std::move(history);
+  rule_.set_scale(scale);
+  rule_.set_counters(noskip, rule_.options().hysteresis);
 }
 
-void MasterWeights::restore_fp32(Learner& learn) {
+void MasterWeights::detach(Learner& learn) {
   {
     torch::NoGradGuard no_grad;
     for (auto& g : groups_)
@@ -269,12 +286,3 @@ void MasterWeights::restore_fp32(Learner& learn) {
 
 } // namespace mixtrain::amp
 
-namespace mixtrain {
-
-Learner& Learner::to_half(amp::MasterWeightsOptions options) {
-  to_fp32();
-  add_cb(std::make_shared<amp::MasterWeights>(*this, options));
-  return *this;
-}
-
-} // namespace mixtrain

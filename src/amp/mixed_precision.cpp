@@ -1,7 +1,5 @@
 #include "mixtrain/amp/mixed_precision.h"
 
-#include "mixtrain/amp/master_weights.h"
-#include "mixtrain/diagnose/scale_analysis.h"
 #include "mixtrain/learner.h"
 
 #include "../archive_util.h"
@@ -46,7 +44,7 @@ bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bo
   }
   if (dtype != c10::ScalarType::Half || device != c10::DeviceType::CPU) return false;
   TORCH_CHECK(allow_fp16_emulation,
-              "fp16 mixed precision needs CUDA, and fp16 emulation on CPU is forbidden (--no-emulation); "
+              "fp16 mixed precision needs CUDA, and fp16 emulation on CPU is forbidden (allow_fp16_emulation false); "
               "use bf16 (real CPU autocast), fp32, or allow emulation");
   static bool emulation_noticed = false;
   notice_once(emulation_noticed, "fp16 numerics are emulated on CPU (no speed-up; for checking fp16 safety)");
@@ -56,9 +54,9 @@ bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bo
 void MixedPrecision::before_fit(Learner& learn) {
   device_type_ = learn.device().type();
   emulated_ = check_precision_supported(dtype_, device_type_, allow_fp16_emulation_);
-  fit_first_step_ = learn.recorder().steps().size();
-  fit_warning_.clear();
 }
+
+std::string MixedPrecision::mode_tag() const { return std::string("mixed_precision:") + c10::toString(dtype_); }
 
 void MixedPrecision::before_batch(Learner&) {
   if (emulated_)
@@ -89,7 +87,6 @@ void MixedPrecision::before_step(Learner& learn) {
   const double scale_used = scaler_.get_scale();
   const bool step = scaler_.prepare_step(learn.opt());
   step_attempted_ = true;
-  history_.record(scale_used, !step);
   learn.step_info().scale = scale_used;
   learn.step_info().skipped = !step;
   if (!step) throw CancelStepException();
@@ -105,58 +102,27 @@ void MixedPrecision::after_batch(Learner&) { end_forward_region(); }
 void MixedPrecision::after_cancel_batch(Learner&) { end_forward_region(); }
 
 void MixedPrecision::save_state(torch::serialize::OutputArchive& ar) const {
-  for (const auto& kv : scaler_.state_dict()) mixtrain::detail::write_f64(ar, "scaler." + kv.first, kv.second);
-  mixtrain::detail::write_history(ar, history_);
+  for (const auto& kv : scaler_.state_dict()) {
+    const c10::IValue& v = kv.value();
+    mixtrain::detail::write_f64(ar, "scaler." + kv.key().toStringRef(),
+                                v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble());
+  }
 }
 
 void MixedPrecision::load_state(torch::serialize::InputArchive& ar) {
-  ScaleHistory history = mixtrain::detail::read_history(ar);
   if (scaler_.is_enabled()) {
-    std::map<std::string, double> state;
-    for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker",
-                            "_hysteresis_tracker"})
-      state[key] = mixtrain::detail::read_f64(ar, std::string("scaler.") + key);
+    GradScalerState state = empty_grad_scaler_state();
+    for (const char* key : {"scale", "growth_factor", "backoff_factor"})
+      state.insert(key, mixtrain::detail::read_f64(ar, std::string("scaler.") + key));
+    for (const char* key : {"growth_interval", "_growth_tracker", "_hysteresis_tracker"})
+      state.insert(key, static_cast<int64_t>(mixtrain::detail::read_f64(ar, std::string("scaler.") + key)));
     scaler_.load_state_dict(state);
   }
-  history_ = std::move(history);
 }
 
-void MixedPrecision::after_fit(Learner& learn) {
+void MixedPrecision::after_fit(Learner&) {
   end_forward_region();
   step_attempted_ = false;
-  if (!scaler_.is_enabled()) return;
-  // fastai is silent here; a run that skipped many steps says so, with the likely verdict.
-  const auto& steps = learn.recorder().steps();
-  const std::vector<StepRecord> this_fit(steps.begin() + std::min(fit_first_step_, steps.size()), steps.end());
-  fit_warning_ = diagnose::fit_warning(diagnose::analyze_scale_history(this_fit));
-  if (!fit_warning_.empty()) std::cerr << "mixtrain: warning: " << fit_warning_ << std::endl;
 }
 
 } // namespace mixtrain::amp
-
-namespace mixtrain {
-
-Learner& Learner::to_fp16(amp::GradScalerOptions scaler_options, bool allow_fp16_emulation) {
-  to_fp32();
-  add_cb(std::make_shared<amp::MixedPrecision>(c10::ScalarType::Half, scaler_options, allow_fp16_emulation));
-  return *this;
-}
-
-Learner& Learner::to_bf16() {
-  to_fp32();
-  add_cb(std::make_shared<amp::MixedPrecision>(c10::ScalarType::BFloat16));
-  return *this;
-}
-
-Learner& Learner::to_fp32() {
-  while (auto mp = get_cb<amp::MixedPrecision>()) remove_cb(mp);
-  while (auto mw = get_cb<amp::MasterWeights>()) {
-    mw->restore_fp32(*this);
-    remove_cb(mw);
-  }
-  return *this;
-}
-
-std::shared_ptr<amp::MixedPrecision> Learner::mixed_precision() const { return get_cb<amp::MixedPrecision>(); }
-
-} // namespace mixtrain

@@ -1,7 +1,6 @@
 #include "mixtrain/callbacks/data_parallel.h"
 
-#include "mixtrain/amp/master_weights.h"
-#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/precision_callback.h"
 #include "mixtrain/learner.h"
 
 #include "../archive_util.h"
@@ -37,8 +36,8 @@ void DataParallel::before_fit(Learner& learn) {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> state = learn.model().state_tensors();
     // Master weights were copied from the model when to_half() ran: they travel too.
-    if (auto mw = learn.get_cb<amp::MasterWeights>())
-      for (const auto& m : mw->masters()) state.push_back(m.detach());
+    if (auto pc = learn.precision_cb())
+      for (const auto& t : pc->state_tensors()) state.push_back(t);
     group_->broadcast(state, 0);
   }
   learn.dls().train.set_sharding(group_->world_size(), group_->rank());
@@ -46,8 +45,7 @@ void DataParallel::before_fit(Learner& learn) {
     std::vector<torch::Tensor> one{flag};
     group->all_reduce_max(one);
   };
-  if (auto mp = learn.get_cb<amp::MixedPrecision>()) mp->scaler().set_found_inf_reducer(reduce_max);
-  if (auto mw = learn.get_cb<amp::MasterWeights>()) mw->set_overflow_reducer(reduce_max);
+  if (auto pc = learn.precision_cb()) pc->set_found_inf_reducer(reduce_max);
 }
 
 void DataParallel::after_loss(Learner& learn) {
@@ -55,8 +53,9 @@ void DataParallel::after_loss(Learner& learn) {
   // One all-reduce carries the loss (summed) and the stop request (any rank's).
   const std::atomic<bool>* request = options_.stop_request();
   const float stop_here = request && request->load() ? 1.0f : 0.0f;
-  std::vector<torch::Tensor> payload{
-      torch::stack({learn.loss().detach().to(torch::kFloat).reshape({}), torch::tensor(stop_here)})};
+  const torch::Tensor loss = learn.loss().detach().to(torch::kFloat).reshape({});
+  // The flag lives where the loss does (a CUDA loss cannot be stacked with a CPU flag).
+  std::vector<torch::Tensor> payload{torch::stack({loss, torch::full({}, stop_here, loss.options())})};
   group_->all_reduce_sum(payload);
   learn.loss() = (payload[0][0] / group_->world_size()).reshape({});
   if (options_.stop_agreed() && payload[0][1].item<float>() > 0) options_.stop_agreed()->store(true);
@@ -108,8 +107,7 @@ void DataParallel::after_train(Learner& learn) {
 
 void DataParallel::after_fit(Learner& learn) {
   // The group may be gone by the next fit: do not leave it wired into the scalers.
-  if (auto mp = learn.get_cb<amp::MixedPrecision>()) mp->scaler().set_found_inf_reducer(nullptr);
-  if (auto mw = learn.get_cb<amp::MasterWeights>()) mw->set_overflow_reducer(nullptr);
+  if (auto pc = learn.precision_cb()) pc->set_found_inf_reducer(nullptr);
   learn.dls().train.set_sharding(1, 0);
 }
 

@@ -1,6 +1,8 @@
 #include "mixtrain/callbacks/gan.h"
 
-#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/grad_scaler.h"
+#include "mixtrain/amp/precision_callback.h"
+#include "mixtrain/learner.h"
 
 #include <torch/autograd.h>
 
@@ -52,8 +54,10 @@ void GANTrainer::after_loss(Learner& learn) {
 
 void GANTrainer::after_backward(Learner& learn) {
   if (!learn.training()) return;
-  auto mp = learn.mixed_precision();
-  amp::GradScaler* scaler = mp && mp->scaler().is_enabled() ? &mp->scaler() : nullptr;
+  // The generator's loss is scaled and its optimizer stepped by the same GradScaler,
+  // so both optimizers' checks feed one update().
+  auto pc = learn.precision_cb();
+  amp::GradScaler* scaler = pc ? pc->grad_scaler() : nullptr;
   torch::Tensor loss = scaler ? scaler->scale(generator_loss_) : generator_loss_;
   std::vector<torch::Tensor> params;
   for (auto& group : generator_opt_->param_groups())

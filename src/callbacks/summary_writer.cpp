@@ -1,6 +1,8 @@
 #include "mixtrain/callbacks/summary_writer.h"
 
+#include "mixtrain/amp/precision_callback.h"
 #include "mixtrain/learner.h"
+#include "mixtrain/precision.h"
 
 #include "../json_number.h"
 
@@ -13,21 +15,9 @@
 
 namespace mixtrain::callbacks {
 
-namespace {
 using detail::json_number;
-/// Counts (threads, seed, batch size) read better as JSON integers.
-nlohmann::json number_or_integer(double v) {
-  if (std::isfinite(v) && v == std::floor(v) && std::abs(v) < 9e15) return nlohmann::json(static_cast<int64_t>(v));
-  return json_number(v);
-}
-} // namespace
 
-SummaryWriter::SummaryWriter(std::string path, std::map<std::string, std::string> text_fields,
-                             std::map<std::string, double> number_fields, std::map<std::string, bool> flag_fields)
-    : path_(std::move(path)), text_fields_(std::move(text_fields)), number_fields_(std::move(number_fields)),
-      flag_fields_(std::move(flag_fields)) {
-  order = 80;
-}
+SummaryWriter::SummaryWriter(SummaryWriterOptions options) : options_(std::move(options)) { order = 80; }
 
 void SummaryWriter::after_fit(Learner& learn) {
   const Recorder& rec = learn.recorder();
@@ -61,15 +51,23 @@ void SummaryWriter::after_fit(Learner& learn) {
   j["seconds"] = seconds;
   j["samples_per_second"] = json_number(train_seconds > 0 ? samples / train_seconds : NAN);
   j["torch_version"] = TORCH_VERSION;
-  for (const auto& kv : text_fields_) j[kv.first] = kv.second;
-  for (const auto& kv : number_fields_) j[kv.first] = number_or_integer(kv.second);
-  for (const auto& kv : flag_fields_) j[kv.first] = kv.second;
-  for (const auto& provider : late_numbers_)
-    for (const auto& kv : provider()) j[kv.first] = number_or_integer(kv.second);
-  std::ofstream f(path_, std::ios::out | std::ios::trunc);
-  TORCH_CHECK(f.is_open(), "Cannot write ", path_, ": ", std::strerror(errno));
+  // The precision as the callback ran it (emulated is decided at fit start, by the device).
+  const auto pc = learn.precision_cb();
+  j["precision"] = precision_name(learn.precision());
+  j["emulated"] = pc && pc->emulated();
+  if (const auto mem = pc ? pc->param_memory() : std::nullopt) {
+    j["param_bytes_model"] = mem->model;
+    j["param_bytes_master"] = mem->masters;
+    j["param_bytes_grads"] = mem->grads;
+  }
+  for (const auto& kv : options_.text()) j[kv.first] = kv.second;
+  for (const auto& kv : options_.integers()) j[kv.first] = kv.second;
+  for (const auto& kv : options_.numbers()) j[kv.first] = json_number(kv.second);
+  const std::string& path = options_.path();
+  std::ofstream f(path, std::ios::out | std::ios::trunc);
+  TORCH_CHECK(f.is_open(), "Cannot write ", path, ": ", std::strerror(errno));
   f << j.dump(2) << '\n';
-  TORCH_CHECK(f.good(), "Writing ", path_, " failed");
+  TORCH_CHECK(f.good(), "Writing ", path, " failed");
 }
 
 } // namespace mixtrain::callbacks

@@ -1,7 +1,6 @@
 #include "mixtrain/callbacks/terminate_on_nan.h"
 
-#include "mixtrain/amp/master_weights.h"
-#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/precision_callback.h"
 #include "mixtrain/learner.h"
 
 #include <cmath>
@@ -27,8 +26,8 @@ void TerminateOnNaN::after_loss(Learner& learn) {
     bad_in_a_row_ = 0;
     return;
   }
-  auto mp = learn.mixed_precision();
-  const bool scaled = (mp && mp->scaler().is_enabled()) || learn.get_cb<amp::MasterWeights>() != nullptr;
+  auto pc = learn.precision_cb();
+  const bool scaled = pc && pc->loss_scaled();
   ++bad_in_a_row_;
   if (scaled && bad_in_a_row_ <= max_bad_steps_) return;  // the scaler skips this step
 

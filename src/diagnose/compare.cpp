@@ -3,6 +3,7 @@
 #include "../first_line.h"
 
 #include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/precision_callback.h"
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
@@ -35,7 +36,7 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
   }
   r.metric_names = learn.recorder().metric_names();
   r.scale = analyze_scale_history(steps);
-  if (auto mp = learn.get_cb<amp::MixedPrecision>()) r.emulated = mp->emulated();
+  if (auto pc = learn.precision_cb()) r.emulated = pc->emulated();
   return r;
 }
 
@@ -108,8 +109,8 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   ev.mixed = summarize_run(*mixed, fp16 ? "fp16" : "bf16");
   if (fp16) {
     ev.trace_end = trace_overflow(*mixed, probe);
-    auto mp = mixed->mixed_precision();
-    ev.gradients = measure_gradients(*mixed, probe, mp ? mp->scaler().get_scale() : 1.0);
+    auto pc = mixed->precision_cb();
+    ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
   }
   return decide(std::move(ev));
 }

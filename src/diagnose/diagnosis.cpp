@@ -111,11 +111,11 @@ Diagnosis decide(Evidence e) {
     const bool bf16 = e.unsupported.find("bfloat16") != std::string::npos;
     return finish(Verdict::kUnsupported, "unsupported: " + std::string(bf16 ? "bf16" : "fp16") +
                                              " mixed precision cannot run on this device",
-                  bf16 ? std::vector<std::string>{"use to_fp16() (--precision fp16) or fp32 on this GPU; bf16 needs "
+                  bf16 ? std::vector<std::string>{"use to_fp16() or fp32 on this GPU; bf16 needs "
                                                   "an Ampere or newer GPU"}
                        : std::vector<std::string>{
-                             "train in bf16 (real CPU autocast, --precision bf16) or fp32 on this machine",
-                             "allow fp16 emulation (drop --no-emulation) to check fp16 safety on CPU",
+                             "train in bf16 (real CPU autocast, to_bf16()) or fp32 on this machine",
+                             "allow fp16 emulation (allow_fp16_emulation true) to check fp16 safety on CPU",
                              "run fp16 on a CUDA GPU for its speed-up"});
   }
 
@@ -160,7 +160,7 @@ Diagnosis decide(Evidence e) {
                                    "unscaled layer, exp/pow in custom code, a custom loss casting to half)"
                              : "fix the overflowing op (large logits from an unscaled layer, exp/pow in custom code, a "
                                "custom loss casting to half)");
-    fixes.push_back("only then start the scaler lower (to_fp16 with init_scale 2^8, --init-scale 256): that helps when "
+    fixes.push_back("only then start the scaler lower (GradScalerOptions().init_scale(256)): that helps when "
                     "the scaled loss overflows, not when the forward pass does");
     return finish(Verdict::kForwardOverflow, "forward_overflow: an fp16 activation overflows in the forward pass" +
                                                  (overflow ? " at " + overflow->where() : std::string()),
@@ -182,8 +182,8 @@ Diagnosis decide(Evidence e) {
     return finish(Verdict::kGradientOverflow,
                   "gradient_overflow: gradients overflow fp16 on " + pct(s->skip_rate) + " of steps" +
                       (s->collapsed ? " and the loss scale collapsed" : ""),
-                  {"lower the learning rate", "add gradient clipping (callbacks::GradientClip, --clip 1.0)",
-                   "or accept that this model is not fp16-safe: switch to bf16 (to_bf16, --precision bf16; no scaler, "
+                  {"lower the learning rate", "add gradient clipping (callbacks::GradientClip(1.0))",
+                   "or accept that this model is not fp16-safe: switch to bf16 (to_bf16(): no scaler, "
                    "no overflow cliff) or back to fp32"});
   }
 
@@ -209,7 +209,7 @@ Diagnosis decide(Evidence e) {
     gap_said = gap_problem;
     std::vector<std::string> fixes;
     // Targeted fixes first, when the measurements point at the scaler itself;
-    // then seed 000's fix for C (bf16). The targeted ones go beyond the seed.
+    // then the guide's fix for underflow (bf16). The targeted ones go beyond the guide.
     // When gradients flush and none overflows, the measured gradients say how far
     // the scale can safely go up.
     if (e.gradients && e.gradients->underflow > 0.01 && e.gradients->overflow == 0 && s && s->skipped == 0) {
@@ -220,17 +220,17 @@ Diagnosis decide(Evidence e) {
         if (safe >= 4 * e.gradients->scale)
           fixes.push_back("raise the loss scale: at " + short_number(e.gradients->scale) + " " + pct(e.gradients->underflow) +
                           " of gradients flush to zero, and the largest gradient (" + short_number(largest) + ") leaves room up to " +
-                          short_number(safe) + " (to_fp16 init_scale, --init-scale)");
+                          short_number(safe) + " (GradScalerOptions().init_scale(" + short_number(safe) + "))");
       }
     }
     if (skip_problem && s->settling_steps * 2 >= s->skipped)
       fixes.push_back("start the scaler lower: the first " + std::to_string(s->settling_steps) +
                       " steps were skipped backing off from " + short_number(s->initial_scale) + " to " +
-                      short_number(s->settled_scale) + " (to_fp16 init_scale, --init-scale)");
+                      short_number(s->settled_scale) + " (GradScalerOptions().init_scale(" + short_number(s->settled_scale) + "))");
     else if (skip_problem)
-      fixes.push_back("if steps are skipped: lower the learning rate or clip gradients (--clip 1.0)");
+      fixes.push_back("if steps are skipped: lower the learning rate or clip gradients (callbacks::GradientClip(1.0))");
     fixes.push_back(
-        "this model needs fp32's range: prefer bf16 (to_bf16, --precision bf16: fp32's exponent range, half the "
+        "this model needs fp32's range: prefer bf16 (to_bf16(): fp32's exponent range, half the "
         "memory) over fighting the scaler");
     fixes.push_back("or stay in fp32");
     return finish(Verdict::kUnderflow,

@@ -1,11 +1,11 @@
-// The overflow tracer: an OpObserver on the dispatcher mode that fp16 emulation
-// uses, so it sees every top-level op of a forward pass with real magnitudes.
+// The overflow tracer: an amp::OpObserver (the dispatcher mode that fp16 emulation
+// uses), so it sees every top-level op of a forward pass with real magnitudes.
 #include "mixtrain/diagnose/overflow_trace.h"
 
-#include "../amp/dispatch_mode.h"
 #include "diagnostic_pass.h"
 #include "mixtrain/amp/autocast.h"
 #include "mixtrain/amp/fp16_emulation.h"
+#include "mixtrain/amp/op_trace.h"
 #include "mixtrain/learner.h"
 
 #include <torch/torch.h>
@@ -26,23 +26,11 @@ std::string OpFinding::where() const {
 
 namespace {
 
-/// Autocast's fp32 list (CUDA): these run in fp32 whatever their inputs' dtype.
+/// Ops whose results stay fp32 under CUDA autocast whatever their inputs' dtype:
+/// autocast's fp32 list, plus casts and the reads on the loss side.
 bool runs_in_fp32_under_autocast(const std::string& name) {
-  static const std::unordered_set<std::string> kOps = {
-      "aten::acos", "aten::asin", "aten::cosh", "aten::erfinv", "aten::exp", "aten::expm1", "aten::log",
-      "aten::log10", "aten::log2", "aten::log1p", "aten::reciprocal", "aten::rsqrt", "aten::sinh", "aten::tan",
-      "aten::pow", "aten::softplus", "aten::layer_norm", "aten::native_layer_norm", "aten::group_norm",
-      "aten::norm", "aten::nuclear_norm", "aten::frobenius_norm", "aten::cosine_similarity",
-      "aten::poisson_nll_loss", "aten::cosine_embedding_loss", "aten::nll_loss", "aten::nll_loss2d",
-      "aten::nll_loss_nd", "aten::hinge_embedding_loss", "aten::kl_div", "aten::l1_loss", "aten::smooth_l1_loss",
-      "aten::huber_loss", "aten::mse_loss", "aten::margin_ranking_loss", "aten::multilabel_margin_loss",
-      "aten::soft_margin_loss", "aten::triplet_margin_loss", "aten::multi_margin_loss",
-      "aten::binary_cross_entropy_with_logits", "aten::cross_entropy_loss", "aten::dist", "aten::pdist",
-      "aten::cdist", "aten::renorm", "aten::logsumexp", "aten::softmax", "aten::log_softmax", "aten::_softmax",
-      "aten::_log_softmax", "aten::cumprod", "aten::cumsum", "aten::prod", "aten::sum", "aten::mean",
-      // Casts to float and ops on the loss side are fp32 by construction.
-      "aten::to", "aten::_to_copy", "aten::item", "aten::_local_scalar_dense"};
-  return kOps.count(name) > 0;
+  return amp::autocast_list(name) == amp::AutocastList::kFp32 || name == "aten::to" || name == "aten::_to_copy" ||
+         name == "aten::item" || name == "aten::_local_scalar_dense" || name == "aten::mean";
 }
 
 /// Ops that only move or reinterpret data: they carry a parameter's identity
@@ -82,7 +70,7 @@ OutputStats stats_of(c10::ArrayRef<c10::IValue> values) {
   return s;
 }
 
-class Tracer : public amp::detail::OpObserver {
+class Tracer : public amp::OpObserver {
  public:
   explicit Tracer(torch::nn::Module& model) {
     for (const auto& kv : model.named_parameters(/*recurse=*/true)) {
@@ -163,13 +151,6 @@ class Tracer : public amp::detail::OpObserver {
   OverflowTrace trace_;
 };
 
-/// Restores the observer and the trace mode on any exit.
-struct ObserveScope {
-  amp::detail::DispatchModeGuard mode{amp::detail::Mode::kOpTrace};
-  amp::detail::OpObserver* previous;
-  explicit ObserveScope(amp::detail::OpObserver* o) : previous(amp::detail::set_op_observer(o)) {}
-  ~ObserveScope() { amp::detail::set_op_observer(previous); }
-};
 
 } // namespace
 
@@ -189,7 +170,7 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
       autocast.emplace(c10::DeviceType::CUDA, torch::kHalf);
     else
       emulation.emplace();
-    ObserveScope observe(&tracer);
+    amp::OpTraceScope observe(&tracer);
     torch::Tensor pred = learn.model().forward(x);
     autocast.reset();
     emulation.reset();

@@ -15,6 +15,10 @@
 ///     opt.zero_grad();
 ///   }
 
+#include "mixtrain/amp/loss_scale_rule.h"
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
 #include <torch/arg.h>
 #include <torch/types.h>
 
@@ -46,10 +50,22 @@ struct GradScalerOptions {
   TORCH_ARG(double, min_scale) = 0.0;
   /// Extra: growth never exceeds this (fastai v1 caps at 2^24; default: no cap).
   TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
-  /// Extra (Megatron/DeepSpeed): back off only after this many consecutive
-  /// overflowing steps; 1 is torch's behaviour.
+  /// Extra (Megatron/DeepSpeed): back off only after this many overflowing steps;
+  /// 1 is torch's behaviour. The budget refills when the scale grows (Megatron,
+  /// DeepSpeed's default), or on every clean step with consecutive_hysteresis.
   TORCH_ARG(int64_t, hysteresis) = 1;
+  /// Extra: refill the hysteresis budget on every clean step (DeepSpeed's
+  /// consecutive_hysteresis=True), so only overflows in a row are tolerated.
+  TORCH_ARG(bool, consecutive_hysteresis) = false;
 };
+
+/// Throws c10::Error naming the first invalid option.
+void validate(const GradScalerOptions& options);
+
+/// GradScaler's state_dict: torch's keys (strings) to floats and ints, as torch keeps them.
+using GradScalerState = c10::impl::GenericDict;
+/// An empty GradScalerState (string keys, any values).
+inline GradScalerState empty_grad_scaler_state() { return GradScalerState(c10::StringType::get(), c10::AnyType::get()); }
 
 /// Dynamic loss scaling with torch's semantics:
 /// - `scale(loss)` multiplies by the current scale;
@@ -92,16 +108,21 @@ class GradScaler {
   /// Current scale (1 when disabled). Never synchronizes.
   double get_scale() const;
   /// Clean steps counted toward the next growth.
-  int64_t growth_tracker() const { return growth_tracker_; }
+  int64_t growth_tracker() const { return rule_.growth_tracker(); }
   /// Whether the last update() saw an overflow.
   bool last_step_overflowed() const { return last_overflow_; }
   bool is_enabled() const { return options_.enabled(); }
   const GradScalerOptions& options() const { return options_; }
 
-  /// torch's keys: scale, growth_factor, backoff_factor, growth_interval,
-  /// _growth_tracker; plus _hysteresis_tracker.
-  std::map<std::string, double> state_dict() const;
-  void load_state_dict(const std::map<std::string, double>& state);
+  /// torch's keys and types: scale, growth_factor, backoff_factor (floats),
+  /// growth_interval, _growth_tracker (ints); plus _hysteresis_tracker (int).
+  /// Empty when disabled. `torch::pickle_save(c10::IValue(state))` writes it in a
+  /// form Python's `torch.load` reads and `torch.cuda.amp.GradScaler().load_state_dict`
+  /// takes; `torch::pickle_load` reads what Python's `torch.save(scaler.state_dict())` wrote.
+  GradScalerState state_dict() const;
+  /// Restores a state_dict() (ours or torch's; ints and floats are both accepted for
+  /// every number). A no-op on a disabled scaler, as torch's.
+  void load_state_dict(const GradScalerState& state);
 
  private:
   enum class Stage { kReady, kUnscaled, kStepped };
@@ -117,9 +138,7 @@ class GradScaler {
 
   GradScalerOptions options_;
   std::function<void(torch::Tensor&)> reduce_found_inf_;
-  double scale_;             // host mirror: the truth for every decision
-  int64_t growth_tracker_ = 0;
-  int64_t hysteresis_left_;
+  LossScaleRule rule_;       // host mirror of the scale: the truth for every decision
   bool last_overflow_ = false;
   torch::Tensor scale_tensor_;  // on the grads' device, as torch keeps it
   std::unordered_map<const torch::optim::Optimizer*, OptState> per_opt_;

@@ -3,8 +3,8 @@
 /// bf16), an fp32 master copy that the optimizer updates, norm layers in fp32,
 /// and steps that are truly skipped on overflow.
 
-#include "mixtrain/amp/scale_history.h"
-#include "mixtrain/callback.h"
+#include "mixtrain/amp/loss_scale_rule.h"
+#include "mixtrain/amp/precision_callback.h"
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -12,13 +12,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace torch::nn { class Module; }
 
 namespace mixtrain::amp {
-
-namespace detail { class DispatchModeGuard; }
 
 /// MasterWeights' options, with fastai v1's defaults.
 struct MasterWeightsOptions {
@@ -42,12 +41,9 @@ struct MasterWeightsOptions {
   TORCH_ARG(bool, loss_fp32) = true;
 };
 
-/// Bytes held for parameters, so a user can see what master weights cost.
-struct ParamMemory {
-  int64_t model = 0;    ///< the model's parameters (half / bf16, norms fp32)
-  int64_t masters = 0;  ///< fp32 master copies
-  int64_t grads = 0;    ///< model grads + master grads, once allocated
-};
+/// Throws c10::Error naming the first invalid option.
+void validate(const MasterWeightsOptions& options);
+
 
 /// Whether `module` is a normalization layer (BatchNorm*, LayerNorm, GroupNorm,
 /// InstanceNorm*), which master-weights mode keeps in fp32.
@@ -65,9 +61,11 @@ bool is_norm_layer(const torch::nn::Module& module);
 ///     Learner steps the optimizer;
 ///   after_step: the masters are copied back into the model; after max_noskip
 ///     clean steps the scale doubles, up to max_scale.
+/// The scale follows LossScaleRule (growth 2, back-off 0.5, growth_interval
+/// max_noskip, max_scale, never below 1), the rule GradScaler uses.
 /// Inputs are cast to the model's dtype; norm layers get fp32 inputs and give
 /// back the model's dtype.
-class MasterWeights : public Callback {
+class MasterWeights : public PrecisionCallback {
  public:
   /// Converts learn's model and builds the masters and the optimizer over them.
   MasterWeights(Learner& learn, MasterWeightsOptions options);
@@ -75,22 +73,27 @@ class MasterWeights : public Callback {
   std::string name() const override { return "MasterWeights"; }
 
   const MasterWeightsOptions& options() const { return options_; }
-  double loss_scale() const { return scale_; }
-  /// Data parallelism: as GradScaler::set_found_inf_reducer, so that every rank
-  /// skips the same steps and keeps the same scale.
-  void set_overflow_reducer(std::function<void(torch::Tensor& flag)> reduce) { reduce_overflow_ = std::move(reduce); }
+  c10::ScalarType dtype() const override { return options_.dtype(); }
+  bool master_weights() const override { return true; }
+  bool loss_scaled() const override { return true; }
+  double loss_scale() const override { return rule_.scale(); }
+  void set_found_inf_reducer(std::function<void(torch::Tensor& flag)> reduce) override {
+    reduce_overflow_ = std::move(reduce);
+  }
+  std::string mode_tag() const override;
   /// Clean steps since the last skip or doubling.
-  int64_t clean_steps() const { return noskip_; }
+  int64_t clean_steps() const { return rule_.growth_tracker(); }
   /// The fp32 masters the optimizer updates (one flat tensor per group with flat_master).
   const std::vector<torch::Tensor>& masters() const { return masters_; }
-  const ScaleHistory& history() const { return history_; }
+  std::vector<torch::Tensor> state_tensors() const override;
   ParamMemory memory() const;
+  std::optional<ParamMemory> param_memory() const override { return memory(); }
   /// Copies the masters into the model as fp32, converts the model back to fp32
   /// and rebuilds the optimizer over the model (Learner::to_fp32 calls this).
-  void restore_fp32(Learner& learn);
+  void detach(Learner& learn) override;
 
   /// Checkpoints carry the fp32 masters (so save/load loses no precision), the
-  /// scale, the clean-step counter and the history.
+  /// scale and the clean-step counter.
   std::string state_key() const override { return "master_weights"; }
   void save_state(torch::serialize::OutputArchive& ar) const override;
   void load_state(torch::serialize::InputArchive& ar) override;
@@ -117,15 +120,13 @@ class MasterWeights : public Callback {
   void copy_masters_to_model();
 
   MasterWeightsOptions options_;
-  double scale_;
-  int64_t noskip_ = 0;
+  LossScaleRule rule_;
   bool stepped_ = false;
   std::vector<Group> groups_;
   std::vector<torch::Tensor> masters_;  // what the optimizer holds
   std::vector<torch::Tensor> model_params_;
   const void* optimizer_ = nullptr;     // the optimizer already rebuilt over masters_
-  ScaleHistory history_;
-  std::unique_ptr<detail::DispatchModeGuard> norm_mode_;  // fp32 norms, forward region only
+  std::shared_ptr<void> norm_mode_;     // fp32 norm layers: on during the forward region only
 };
 
 } // namespace mixtrain::amp

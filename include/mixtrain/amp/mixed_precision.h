@@ -1,22 +1,21 @@
 #pragma once
 /// MixedPrecision: fastai v2's mixed-precision callback (autocast + GradScaler),
-/// without fastai's silences: every step's scale and skip is recorded and kept.
+/// without fastai's silences: every step's scale and skip goes to the Recorder and is kept.
 
 #include "mixtrain/amp/autocast.h"
 #include "mixtrain/amp/fp16_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
-#include "mixtrain/amp/scale_history.h"
-#include "mixtrain/callback.h"
+#include "mixtrain/amp/precision_callback.h"
 
 #include <memory>
 #include <optional>
-#include <vector>
+#include <string>
 
 namespace mixtrain::amp {
 
 /// Throws when `dtype` mixed precision cannot run on `device`: bf16 on a CUDA GPU
 /// without bf16 (std::invalid_argument, fastai's message), or fp16 on CPU when
-/// emulation is forbidden. Prints the one-time notices: fp16 emulated on CPU,
+/// emulation is forbidden (c10::Error). Prints the one-time notices: fp16 emulated on CPU,
 /// and slow bf16 on CPUs without native bf16 instructions.
 /// Returns true when fp16 will be emulated (fp16 on CPU).
 bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bool allow_fp16_emulation = true);
@@ -32,29 +31,29 @@ bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bo
 /// scaling, useful to measure the scaler's cost or to test skip handling.
 /// fp16 on CPU is emulated (amp/fp16_emulation.h) unless `allow_fp16_emulation`
 /// is false, which makes it an error at fit.
+/// Every attempted step's scale and skip is written to the Learner's StepInfo,
+/// so the Recorder holds the history.
 /// Order 10, as in fastai. Learner::to_fp16 / to_bf16 attach it.
-class MixedPrecision : public Callback {
+class MixedPrecision : public PrecisionCallback {
  public:
   explicit MixedPrecision(c10::ScalarType dtype = c10::ScalarType::Half, GradScalerOptions scaler_options = {},
                           bool allow_fp16_emulation = true);
   std::string name() const override { return "MixedPrecision"; }
 
-  c10::ScalarType dtype() const { return dtype_; }
+  c10::ScalarType dtype() const override { return dtype_; }
   /// Whether the last fit emulated fp16 numerics (fp16 on CPU).
-  bool emulated() const { return emulated_; }
+  bool emulated() const override { return emulated_; }
+  bool loss_scaled() const override { return scaler_.is_enabled(); }
+  double loss_scale() const override { return scaler_.get_scale(); }
+  void set_found_inf_reducer(std::function<void(torch::Tensor& flag)> reduce) override {
+    scaler_.set_found_inf_reducer(std::move(reduce));
+  }
+  GradScaler* grad_scaler() override { return scaler_.is_enabled() ? &scaler_ : nullptr; }
+  std::string mode_tag() const override;
   /// The scaler (disabled for bf16).
   GradScaler& scaler() { return scaler_; }
-  /// Scale used at every attempted optimizer step, skipped ones included; kept after fit.
-  const std::vector<double>& scales() const { return history_.scales; }
-  /// Whether each step in scales() was skipped for inf/NaN gradients.
-  const std::vector<bool>& skipped() const { return history_.skipped; }
-  /// Steps skipped so far.
-  int64_t skipped_steps() const { return history_.skipped_steps(); }
-  /// The warning the last fit ended with ("" when it skipped <= 5% and its scale
-  /// did not collapse); also printed to stderr then.
-  const std::string& fit_warning() const { return fit_warning_; }
 
-  /// Checkpoints carry the scaler's state and the scale history.
+  /// Checkpoints carry the scaler's state.
   std::string state_key() const override { return "mixed_precision"; }
   void save_state(torch::serialize::OutputArchive& ar) const override;
   void load_state(torch::serialize::InputArchive& ar) override;
@@ -82,9 +81,6 @@ class MixedPrecision : public Callback {
   std::optional<autocast> guard_;
   std::optional<Fp16Emulation> emulation_;
   bool step_attempted_ = false;
-  ScaleHistory history_;
-  size_t fit_first_step_ = 0;  // the Recorder's step count when this fit began
-  std::string fit_warning_;
 };
 
 } // namespace mixtrain::amp

@@ -3,11 +3,32 @@
 
 #include "mixtrain/callback.h"
 
+#include <torch/arg.h>
+
 #include <atomic>
 #include <cstdint>
 #include <string>
 
 namespace mixtrain::callbacks {
+
+/// A flag a signal handler sets to ask for a stop.
+using StopFlag = const std::atomic<bool>*;
+
+/// Checkpointer's options.
+struct CheckpointerOptions {
+  /// `dir`: the run directory the checkpoints go to.
+  explicit CheckpointerOptions(std::string dir) : dir_(std::move(dir)) {}
+  TORCH_ARG(std::string, dir);
+  /// Save at the end of every `every`-th epoch and of the last one (0: only on a stop request).
+  TORCH_ARG(int64_t, every) = 0;
+  /// Keep the newest `keep` checkpoints (0: all).
+  TORCH_ARG(int64_t, keep) = 0;
+  /// When it becomes true (a signal handler sets it), save after the current
+  /// training batch and end the fit. nullptr: never.
+  TORCH_ARG(StopFlag, stop) = nullptr;
+  /// false: the same decisions without writing files (data-parallel ranks other than 0).
+  TORCH_ARG(bool, write) = true;
+};
 
 /// Saves `dir/checkpoint-<step>.pt` (Learner::save) at the end of every `every`-th
 /// epoch (0: never) and of the last one, keeps the newest `keep` (0: all), and
@@ -17,10 +38,7 @@ namespace mixtrain::callbacks {
 /// and the loggers have seen the batch or epoch.
 class Checkpointer : public Callback {
  public:
-  /// `write` false: the same decisions (stop after the batch on `*stop`) without
-  /// writing files, for data-parallel ranks other than 0.
-  Checkpointer(std::string dir, int64_t every, int64_t keep = 0, const std::atomic<bool>* stop = nullptr,
-               bool write = true);
+  explicit Checkpointer(CheckpointerOptions options);
   std::string name() const override { return "Checkpointer"; }
 
   /// Whether the fit ended because `*stop` was set.
@@ -29,6 +47,8 @@ class Checkpointer : public Callback {
   const std::string& last_path() const { return last_path_; }
   /// The newest checkpoint of a run directory (from `dir/latest`), or "" when there is none.
   static std::string latest(const std::string& dir);
+  /// Whether `dir` holds checkpoints (a `latest` file or any checkpoint-*.pt).
+  static bool holds_checkpoints(const std::string& dir);
 
   /// Saves a checkpoint now (between batches, or before a step) and returns its
   /// path ("" when this Checkpointer does not write).
@@ -38,10 +58,7 @@ class Checkpointer : public Callback {
   void after_epoch(Learner& learn) override;
 
  private:
-  std::string dir_;
-  int64_t every_, keep_;
-  const std::atomic<bool>* stop_;
-  bool write_;
+  CheckpointerOptions options_;
   bool interrupted_ = false;
   std::string last_path_;
 };

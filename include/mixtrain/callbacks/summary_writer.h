@@ -3,35 +3,48 @@
 
 #include "mixtrain/callback.h"
 
-#include <functional>
+#include <torch/arg.h>
+
+#include <cstdint>
+
 #include <map>
 #include <vector>
 #include <string>
 
 namespace mixtrain::callbacks {
 
+using TextFields = std::map<std::string, std::string>;
+using IntegerFields = std::map<std::string, int64_t>;
+using NumberFields = std::map<std::string, double>;
+
+/// SummaryWriter's options: where, and the caller's own fields.
+struct SummaryWriterOptions {
+  explicit SummaryWriterOptions(std::string path) : path_(std::move(path)) {}
+  /// The file written (replaced) after every fit.
+  TORCH_ARG(std::string, path);
+  /// Extra text fields (e.g. model name).
+  TORCH_ARG(TextFields, text);
+  /// Extra integer fields, written as JSON integers (threads, seed, batch size).
+  TORCH_ARG(IntegerFields, integers);
+  /// Extra real-number fields (lr); non-finite values are written as null.
+  TORCH_ARG(NumberFields, numbers);
+};
+
 /// Writes a JSON summary to `path` after fit:
 ///   epochs, train_loss, valid_loss, valid_<metric> for every metric, seconds,
 ///   samples_per_second (training samples / training time), torch_version,
 ///   skipped_steps, final_scale and min_scale_seen (null without loss scaling),
-/// plus the caller's own fields (e.g. precision, threads).
+///   precision (its name) and emulated (from the precision callback), and with
+///   master weights param_bytes_model, param_bytes_master and param_bytes_grads;
+/// plus the caller's own fields.
 class SummaryWriter : public Callback {
  public:
-  SummaryWriter(std::string path, std::map<std::string, std::string> text_fields = {},
-                std::map<std::string, double> number_fields = {}, std::map<std::string, bool> flag_fields = {});
+  explicit SummaryWriter(SummaryWriterOptions options);
   std::string name() const override { return "SummaryWriter"; }
-  /// Numbers computed when the summary is written (after fit), e.g. memory in use then.
-  void add_late_numbers(std::function<std::map<std::string, double>()> provider) {
-    late_numbers_.push_back(std::move(provider));
-  }
   void after_fit(Learner& learn) override;
 
  private:
-  std::string path_;
-  std::map<std::string, std::string> text_fields_;
-  std::map<std::string, double> number_fields_;
-  std::map<std::string, bool> flag_fields_;
-  std::vector<std::function<std::map<std::string, double>()>> late_numbers_;
+  SummaryWriterOptions options_;
 };
 
 } // namespace mixtrain::callbacks

@@ -1,5 +1,5 @@
 #pragma once
-/// Seed 000's A/B protocol as a function: an fp32 baseline and a mixed-precision
+/// The fp32-vs-fp16 comparison protocol as a function: an fp32 baseline and a mixed-precision
 /// run with the same seed, the same initial weights, the same data order and
 /// the same schedule, then a verdict from what they measured.
 

@@ -1,5 +1,5 @@
 #pragma once
-/// Verdicts: the failure classes of seed 000 decided from measurements, with
+/// Verdicts: the failure classes of fp16 training (forward overflow, gradient overflow, underflow, unsupported setups) decided from measurements, with
 /// the evidence behind them and the seed's fixes in the seed's order.
 
 #include "mixtrain/diagnose/gradient_health.h"
@@ -28,7 +28,7 @@ const char* to_string(Verdict verdict);
 
 // Thresholds of the rules in decide().
 /// A mixed-precision final loss this many percent above fp32's is a real gap
-/// (seed 000: "a few percent can be normal fp16 noise; a large gap is a real problem").
+/// (the fp16 troubleshooting guide: "a few percent can be normal fp16 noise; a large gap is a real problem").
 constexpr double kGapPercentProblem = 10.0;
 /// Skipping more than this fraction of steps is a problem (also the end-of-fit warning's threshold).
 constexpr double kSkipRateProblem = 0.05;
@@ -69,7 +69,7 @@ struct Diagnosis {
   Verdict verdict = Verdict::kHealthy;
   std::string headline;               ///< one line: the verdict in words
   std::vector<std::string> findings;  ///< what was measured, most telling first
-  std::vector<std::string> fixes;     ///< in seed 000's order; empty when healthy
+  std::vector<std::string> fixes;     ///< most targeted first; empty when healthy
   Evidence evidence;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }

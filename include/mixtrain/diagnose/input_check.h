@@ -1,6 +1,6 @@
 #pragma once
 /// Input checks: NaN/Inf in the data, and inputs that were never normalized
-/// (seed 000: "unnormalized inputs are the usual culprit").
+/// (the fp16 troubleshooting guide: "unnormalized inputs are the usual culprit").
 
 #include <torch/types.h>
 

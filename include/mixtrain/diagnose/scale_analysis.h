@@ -1,5 +1,5 @@
 #pragma once
-/// Reads the Recorder's per-step loss-scale history the way seed 000 tells a
+/// Reads the Recorder's per-step loss-scale history the way the fp16 troubleshooting guide tells a
 /// person to read `learn.scales`: skip rate, collapse, a scale pinned at its
 /// minimum while the loss is flat.
 

@@ -1,0 +1,30 @@
+#pragma once
+/// FitWarning: the callback behind the one line a loss-scaled fit ends with when
+/// it skipped more than 5% of its steps or its loss scale collapsed (fastai stays
+/// silent). Learner::to_fp16 / set_precision(kFp16) attach it.
+
+#include "mixtrain/callback.h"
+
+#include <cstddef>
+#include <string>
+
+namespace mixtrain::diagnose {
+
+/// Reads the Recorder's rows of this fit after it ends (diagnose::fit_warning) and
+/// prints the warning to stderr. Order 55: after the Recorder (50).
+class FitWarning : public Callback {
+ public:
+  FitWarning() { order = 55; }
+  std::string name() const override { return "FitWarning"; }
+  /// The warning the last fit ended with ("" when there was none).
+  const std::string& message() const { return message_; }
+
+  void before_fit(Learner& learn) override;
+  void after_fit(Learner& learn) override;
+
+ private:
+  size_t first_step_ = 0;  // the Recorder's step count when this fit began
+  std::string message_;
+};
+
+} // namespace mixtrain::diagnose

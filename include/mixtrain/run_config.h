@@ -1,0 +1,44 @@
+#pragma once
+/// RunConfig: the settings of one training run as `mixtrain train` takes them,
+/// and as a run directory keeps them (OUT/args.json), so that `--resume` needs
+/// nothing else.
+
+#include "mixtrain/data.h"
+#include "mixtrain/precision.h"
+
+#include <cstdint>
+#include <string>
+
+namespace mixtrain {
+
+struct RunConfig {
+  std::string data = data::kFashionMnistDir;  ///< data directory (or file)
+  std::string model = "cnn";                  ///< built-in model name
+  int64_t epochs = 1;
+  double lr = 3e-3;                           ///< peak of the one-cycle schedule
+  int64_t bs = 256;                           ///< batch size (per rank under data parallelism)
+  uint64_t seed = 42;
+  int64_t limit = -1;                         ///< first N training samples (-1: all)
+  int threads = 0;                            ///< intra-op threads (0: all cores)
+  Precision precision = Precision::kFp32;
+  PrecisionOptions precision_options;         ///< the scaler's and the master weights' options
+  double clip = 0;                            ///< global gradient-norm clip (0: off)
+  int64_t accum = 1;                          ///< batches per optimizer step
+  int64_t save_every = 0;                     ///< epochs between checkpoints (0: only on interrupt)
+  int64_t keep = 0;                           ///< checkpoints kept (0: all)
+  int64_t max_bad_steps = 10;                 ///< with loss scaling: consecutive NaN/inf losses tolerated
+  std::string comm_dtype = "fp32";            ///< data parallel: dtype gradients travel in
+
+  /// Every field above as a JSON object. One table in run_config.cpp describes the
+  /// fields for both directions.
+  std::string to_json() const;
+  /// The inverse of to_json(); throws c10::Error naming a missing or mistyped field.
+  static RunConfig from_json(const std::string& text);
+  /// Writes `dir`/args.json atomically.
+  void write(const std::string& dir) const;
+  /// Reads `dir`/args.json; throws c10::Error naming the problem (missing file,
+  /// damaged JSON, a missing field).
+  static RunConfig read(const std::string& dir);
+};
+
+} // namespace mixtrain

@@ -1,0 +1,164 @@
+#include "flags.h"
+
+#include <mixtrain/amp/mixed_precision.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace mixtrain_cli {
+
+namespace {
+std::string format_number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+} // namespace
+
+void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
+  mixtrain::RunConfig& r = a.run;
+  auto& scaler = r.precision_options.scaler();
+  auto& master = r.precision_options.master();
+  cmd.add_option("--data", r.data, "Directory with Fashion-MNIST's four idx .gz files")->capture_default_str();
+  cmd.add_option("--model", r.model, "Model: cnn (2 conv+BN layers) or mlp (784-256-10)")->capture_default_str();
+  cmd.add_option("--epochs", r.epochs, "Epochs to train (>= 1)")->capture_default_str();
+  cmd.add_option("--lr", r.lr, "Peak learning rate of the one-cycle schedule (> 0)")->capture_default_str();
+  cmd.add_option("--bs", r.bs, "Batch size (>= 1)")->capture_default_str();
+  cmd.add_option("--seed", r.seed, "Seed for weights and data order; same seed + threads = same result")
+      ->capture_default_str();
+  cmd.add_option("--limit", r.limit, "Train on the first N training images only (>= 1; default: all 60000)");
+  cmd.add_option("--threads", r.threads, "Intra-op threads (>= 1; default 0 = all cores, OpenBLAS pinned to 1 thread)")
+      ->capture_default_str();
+  cmd.add_option("--out", a.out,
+                 for_doctor ? "Directory for diagnosis.json, loss.svg and scale.svg (default: runs/doctor-<timestamp>)"
+                            : "Run directory for metrics.csv, steps.csv, summary.json (default: runs/<timestamp>)");
+  std::string precision_help = "Training precision: fp32, fp16 (autocast + dynamic loss scaling; emulated on CPU), "
+                               "bf16 (autocast, no scaler), bf16-master / fp16-master (model stored in bf16/fp16, "
+                               "fp32 master weights, norm layers fp32)";
+  if (for_doctor) precision_help = "The precision compared with fp32: fp16 (default) or bf16";
+  cmd.add_option_function<std::string>(
+         "--precision",
+         [&r](const std::string& v) {
+           try {
+             r.precision = mixtrain::parse_precision(v);
+           } catch (const c10::Error& e) {
+             throw CLI::ValidationError("--precision", e.msg());
+           }
+         },
+         precision_help)
+      ->default_str(mixtrain::precision_name(r.precision));
+  cmd.add_option_function<double>("--init-scale", [&scaler](double v) { scaler.init_scale(v); },
+                                  "fp16: initial loss scale (default 65536)");
+  cmd.add_option_function<double>("--growth-factor", [&scaler](double v) { scaler.growth_factor(v); },
+                                  "fp16: scale multiplier after growth-interval clean steps (default 2)");
+  cmd.add_option_function<double>("--backoff-factor", [&scaler](double v) { scaler.backoff_factor(v); },
+                                  "fp16: scale multiplier on overflow (default 0.5)");
+  cmd.add_option_function<int64_t>("--growth-interval", [&scaler](int64_t v) { scaler.growth_interval(v); },
+                                   "fp16: clean steps before the scale grows (default 2000)");
+  cmd.add_flag_function("--no-emulation", [&r](int64_t) { r.precision_options.allow_fp16_emulation(false); },
+                        "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)");
+  cmd.add_option("--clip", r.clip, "Clip the global gradient norm to X (after unscaling; default: off)");
+  cmd.add_option("--accum", r.accum, "Accumulate gradients over N batches per optimizer step (default 1)")
+      ->capture_default_str();
+  if (for_doctor) return;
+  cmd.add_option_function<double>("--loss-scale", [&master](double v) { master.loss_scale(v).dynamic(false); },
+                                  "fp16-master/bf16-master: a static loss scale X (default: dynamic from 65536)");
+  cmd.add_option_function<int64_t>("--max-noskip", [&master](int64_t v) { master.max_noskip(v); },
+                                   "fp16-master/bf16-master: clean steps before the scale doubles (default 1000)");
+  cmd.add_option_function<double>("--max-scale", [&master](double v) { master.max_scale(v); },
+                                  "fp16-master/bf16-master: the scale never grows past X (default 16777216)");
+  cmd.add_flag_function("--flat-master", [&master](int64_t) { master.flat_master(true); },
+                        "fp16-master/bf16-master: one contiguous fp32 master buffer per param group");
+  cmd.add_option("--save-every", r.save_every,
+                 "Save a checkpoint every N epochs and after the last (default 0: only on Ctrl-C)");
+  cmd.add_option("--keep", r.keep, "Keep only the newest K checkpoints (default 0: all)");
+  cmd.add_option("--resume", a.resume,
+                 "Continue the run in OUT_DIR from its latest checkpoint, with the run's own flags (OUT_DIR/args.json)");
+  cmd.add_flag("--force", a.force, "Start a new run in an --out directory that already holds checkpoints");
+  cmd.add_option("--max-bad-steps", r.max_bad_steps,
+                 "With loss scaling (fp16, *-master): stop after more than N consecutive NaN/inf losses "
+                 "(fp32/bf16 stop at the first)")
+      ->capture_default_str();
+  cmd.add_option("--comm-dtype", r.comm_dtype,
+                 "Data parallel (under mixtrain launch / torchrun): dtype gradients travel in, fp32 or fp16 (half the traffic)")
+      ->capture_default_str();
+  // Testing aids (mixtrain/testing.h), hidden from --help.
+  cmd.add_option("--interrupt-at-step", a.interrupt_at_step)->group("");
+  cmd.add_option("--abort-at-step", a.abort_at_step)->group("");
+  cmd.add_option("--inject-overflow-at-step", a.inject_overflow_at_step)->group("");
+}
+
+void validate(const TrainArgs& a, bool check_device) {
+  const mixtrain::RunConfig& r = a.run;
+  auto at_least = [](const char* flag, int64_t v, int64_t lo) {
+    if (v < lo) throw UsageError(std::string("invalid ") + flag + " " + std::to_string(v) + ": must be >= " + std::to_string(lo));
+  };
+  if (!(r.lr > 0) || !std::isfinite(r.lr)) throw UsageError("invalid --lr " + format_number(r.lr) + ": must be > 0");
+  at_least("--bs", r.bs, 1);
+  at_least("--epochs", r.epochs, 1);
+  if (r.limit == 0 || r.limit < -1) throw UsageError("invalid --limit " + std::to_string(r.limit) + ": must be >= 1");
+  at_least("--threads", r.threads, 0);
+  if (r.model != "cnn" && r.model != "mlp") throw UsageError("unknown --model '" + r.model + "' (choices: cnn, mlp)");
+  if (r.clip < 0 || !std::isfinite(r.clip)) throw UsageError("invalid --clip " + format_number(r.clip) + ": must be > 0");
+  at_least("--accum", r.accum, 1);
+  at_least("--save-every", r.save_every, 0);
+  at_least("--keep", r.keep, 0);
+  at_least("--max-bad-steps", r.max_bad_steps, 0);
+  if (r.comm_dtype != "fp32" && r.comm_dtype != "fp16")
+    throw UsageError("invalid --comm-dtype '" + r.comm_dtype + "' (choices: fp32, fp16)");
+  // The library's own option checks (c10::Error, reported as one line by main()).
+  mixtrain::validate_precision(r.precision, r.precision_options, torch::kCPU);
+  // The CLI trains on CPU: fp16 there is emulated, or an error with --no-emulation.
+  if (check_device && (r.precision == mixtrain::Precision::kFp16 || r.precision == mixtrain::Precision::kBf16))
+    mixtrain::amp::check_precision_supported(r.precision == mixtrain::Precision::kFp16 ? torch::kHalf : torch::kBFloat16,
+                                             torch::kCPU, r.precision_options.allow_fp16_emulation());
+  if (!fs::is_directory(r.data)) throw UsageError("data directory not found: " + r.data);
+}
+
+std::string in_flag_terms(std::string m) {
+  static const std::vector<std::pair<std::regex, std::string>> kTerms = {
+      {std::regex(R"(\bprecision (fp16-master|bf16-master|fp16|bf16)\b)"), "--precision $1"},
+      {std::regex(R"(\buse (bf16-master)\b)"), "use --precision $1"},
+      {std::regex(R"(GradScalerOptions\(\)\.init_scale\(([^)]*)\))"), "--init-scale $1"},
+      {std::regex(R"(callbacks::GradientClip\(([^)]*)\))"), "--clip $1"},
+      {std::regex(R"(to_half\(MasterWeightsOptions\(\)\.dtype\(kBFloat16\)\))"), "--precision bf16-master"},
+      {std::regex(R"(to_fp16\(\))"), "--precision fp16"},
+      {std::regex(R"(to_bf16\(\))"), "--precision bf16"},
+      {std::regex(R"(allow_fp16_emulation true)"), "drop --no-emulation"},
+      {std::regex(R"(allow_fp16_emulation false)"), "--no-emulation"},
+  };
+  for (const auto& [pattern, flag] : kTerms) m = std::regex_replace(m, pattern, flag);
+  return m;
+}
+
+void prepare_out_dir(const std::string& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec || !fs::is_directory(out))
+    throw UsageError("cannot create --out directory " + out + ": " + (ec ? ec.message() : "not a directory"));
+  const fs::path probe = fs::path(out) / ".mixtrain-write-test";
+  {
+    std::ofstream f(probe);
+    if (!f || !(f << "ok") || !f.flush()) throw UsageError("--out directory " + out + " is not writable");
+  }
+  fs::remove(probe, ec);
+}
+
+std::string default_run_dir(const std::string& prefix) {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&t));
+  return "runs/" + prefix + buf + "-" + std::to_string(::getpid());
+}
+
+} // namespace mixtrain_cli
