@@ -146,8 +146,10 @@ void restore_snapshot(Learner& learn, const Snapshot& s) {
   // The optimizer's load only adds entries: clear what the refused load put there.
   learn.opt().state().clear();
   read_archive_bytes(s.optimizer, [&](torch::serialize::InputArchive& ar) { learn.opt().load(ar); });
-  for (const auto& [cb, bytes] : s.callbacks)
-    read_archive_bytes(bytes, [&](torch::serialize::InputArchive& ar) { cb->load_state(ar); });
+  for (const auto& entry : s.callbacks) {
+    Callback& cb = *entry.first;
+    read_archive_bytes(entry.second, [&](torch::serialize::InputArchive& ar) { cb.load_state(ar); });
+  }
 }
 
 } // namespace

@@ -125,6 +125,22 @@ void Learner::with_events(F&& body, Event before, Event after_cancel, Event afte
   run(after);
 }
 
+template <typename F>
+void Learner::releasing_on_error(F&& body) {
+  try {
+    body();
+  } catch (...) {
+    for (const auto& cb : cbs_) {
+      try {
+        cb->on_error(*this);
+      } catch (...) {
+        // The first error is the one the caller needs to see.
+      }
+    }
+    throw;
+  }
+}
+
 void Learner::fit(int64_t n_epoch, double lr, std::vector<CallbackPtr> cbs) {
   TORCH_CHECK(n_epoch > 0, "Invalid n_epoch: ", n_epoch, " (must be > 0)");
   TORCH_CHECK(lr > 0, "Invalid lr: ", lr, " (must be > 0)");
@@ -152,7 +168,9 @@ void Learner::fit(int64_t n_epoch, double lr, std::vector<CallbackPtr> cbs) {
     resume_loader_state_ = r.loader_state;
     resuming_ = true;
   }
-  with_events<CancelFitException>([&] { do_fit(); }, Event::before_fit, Event::after_cancel_fit, Event::after_fit);
+  releasing_on_error([&] {
+    with_events<CancelFitException>([&] { do_fit(); }, Event::before_fit, Event::after_cancel_fit, Event::after_fit);
+  });
 }
 
 void Learner::fit_one_cycle(int64_t n_epoch, double lr_max, OneCycleOptions options, std::vector<CallbackPtr> cbs) {
@@ -239,7 +257,7 @@ void Learner::do_one_batch() {
 
 std::vector<double> Learner::validate() {
   n_epoch_ = std::max<int64_t>(n_epoch_, 1);
-  do_validate_epoch();
+  releasing_on_error([&] { do_validate_epoch(); });
   return recorder_->last_validation();
 }
 
@@ -247,7 +265,7 @@ std::pair<torch::Tensor, torch::Tensor> Learner::get_preds() {
   auto gather = std::make_shared<GatherPreds>();
   add_cb(gather);
   try {
-    do_validate_epoch();
+    releasing_on_error([&] { do_validate_epoch(); });
   } catch (...) {
     remove_cb(gather);
     throw;

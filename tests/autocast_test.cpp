@@ -53,3 +53,22 @@ TEST(AutocastTest, CudaGuardWhenAvailable) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(AutocastTest, TheCacheFlagIsSetAndRestored) {
+  compat::set_autocast_cache_enabled(false);
+  {
+    mixtrain::amp::autocast guard(torch::kCPU, torch::kBFloat16);  // torch.autocast's default: cache on
+    EXPECT_TRUE(compat::is_autocast_cache_enabled());
+    {
+      mixtrain::amp::autocast uncached(torch::kCPU, torch::kBFloat16, true, /*cache_enabled=*/false);
+      EXPECT_FALSE(compat::is_autocast_cache_enabled());
+    }
+    EXPECT_TRUE(compat::is_autocast_cache_enabled());
+  }
+  EXPECT_FALSE(compat::is_autocast_cache_enabled());
+  compat::set_autocast_cache_enabled(true);
+}
+
+} // namespace

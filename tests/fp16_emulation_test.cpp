@@ -134,3 +134,36 @@ TEST(Fp16EmulationRegistrationTest, TheDispatcherFallbackIsRegisteredOnlyWhenFir
 }
 
 } // namespace
+
+namespace {
+
+// CUDA autocast registers only the functional overloads: mm.out runs as it is and
+// writes the caller's tensor.
+TEST(Fp16EmulationOverloadTest, OutOverloadsWriteTheCallersTensorUnrounded) {
+  torch::manual_seed(3);
+  const torch::Tensor a = torch::randn({3, 4}), b = torch::randn({4, 5});
+  torch::Tensor out = torch::full({3, 5}, -7.0);
+  {
+    amp::Fp16Emulation on;
+    torch::mm_out(out, a, b);
+  }
+  EXPECT_TRUE(torch::equal(out, torch::mm(a, b)));
+}
+
+// Autocast runs cdist / tensordot in fp32 (or the widest input type) and excludes
+// itself for their inner calls, so their inner matmul is not rounded to half.
+TEST(Fp16EmulationOverloadTest, Fp32AndPromoteListOpsRunTheirInnerCallsUnrounded) {
+  torch::manual_seed(4);
+  const torch::Tensor a = torch::randn({30, 8}), b = torch::randn({40, 8});  // > 25 rows: cdist uses a matmul
+  const torch::Tensor x = torch::randn({6, 7}), y = torch::randn({7, 3});
+  torch::Tensor d, t;
+  {
+    amp::Fp16Emulation on;
+    d = torch::cdist(a, b);
+    t = torch::tensordot(x, y, {1}, {0});
+  }
+  EXPECT_TRUE(torch::equal(d, torch::cdist(a, b)));
+  EXPECT_TRUE(torch::equal(t, torch::tensordot(x, y, {1}, {0})));
+}
+
+} // namespace

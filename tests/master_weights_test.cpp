@@ -219,3 +219,54 @@ TEST_F(MasterWeightsTest, Fp16OnCpuIsAClearErrorAndToFp32Restores) {
 }
 
 } // namespace
+
+namespace {
+
+// fastai v1 rebuilds its masters at every fit; weights put into the model after
+// to_half() must not be overwritten by the old masters at the first step.
+TEST(MasterWeightsResyncTest, WeightsLoadedIntoTheModelAfterToHalfAreKept) {
+  torch::manual_seed(11);
+  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
+  learn.fit(1, 1e-2);
+  // New weights, as a user would load them from a file.
+  std::vector<torch::Tensor> wanted;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : learn.model().module().parameters()) {
+      p.copy_(torch::full_like(p, 0.25));
+      wanted.push_back(p.clone());
+    }
+  }
+  learn.fit(1, 1e-9);  // a negligible step: the weights must stay where they were put
+  const auto params = learn.model().module().parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(torch::allclose(params[i].to(torch::kFloat), wanted[i].to(torch::kFloat), 0, 1e-2)) << i;
+}
+
+// A partial accumulation at an epoch's end (8 batches, accum 3) must not leak into
+// the next epoch: with master weights the optimizer holds the masters, so clearing
+// the optimizer's gradients alone left the model's.
+TEST(MasterWeightsResyncTest, APartialAccumulationDoesNotLeakIntoTheNextEpoch) {
+  torch::manual_seed(12);
+  struct GradsAtEpochStart : Callback {
+    std::vector<bool> clean;  // per epoch: no gradient left when its first batch starts
+    void before_batch(Learner& l) override {
+      if (!l.training() || l.iter() != 0) return;
+      bool none = true;
+      for (const auto& p : l.model().module().parameters())
+        if (p.grad().defined() && p.grad().abs().sum().item<double>() != 0) none = false;
+      clean.push_back(none);
+    }
+  };
+  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  ASSERT_EQ(learn.dls().train.num_batches(), 8);
+  learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
+  learn.add_cb(std::make_shared<callbacks::GradientAccumulation>(3));
+  auto probe = std::make_shared<GradsAtEpochStart>();
+  learn.add_cb(probe);
+  learn.fit(3, 1e-2);
+  EXPECT_EQ(probe->clean, (std::vector<bool>{true, true, true}));
+}
+
+} // namespace

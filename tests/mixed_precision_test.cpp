@@ -114,3 +114,55 @@ TEST_F(MixedPrecisionTest, AccumulationStepsTheScalerOnlyOnTheBoundaryAndClipRec
 }
 
 } // namespace
+
+namespace {
+
+// validate() and get_preds() right after to_fp16() (no fit yet, e.g. after load)
+// run the emulated fp16 forward pass on a CPU instead of throwing libtorch's
+// "AutocastCPU only supports Bfloat16".
+TEST(MixedPrecisionEvalTest, ValidateAndGetPredsBeforeAnyFitUseTheEmulation) {
+  torch::manual_seed(5);
+  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  const double fp32_loss = learn.validate().at(0);
+  learn.to_fp16();
+  std::vector<double> fp16;
+  ASSERT_NO_THROW(fp16 = learn.validate());
+  EXPECT_TRUE(learn.precision_cb()->emulated());
+  EXPECT_NE(fp16.at(0), fp32_loss);  // the logits were rounded to half
+  EXPECT_NEAR(fp16.at(0), fp32_loss, 1e-2);
+  auto preds = learn.get_preds();
+  EXPECT_EQ(preds.first.size(0), preds.second.size(0));
+  EXPECT_FALSE(mixtrain::amp::Fp16Emulation::is_enabled());  // closed after the pass
+}
+
+} // namespace
+
+namespace {
+
+// A model that throws (not a cancel) ends fit without after_ events; the guards the
+// callback held open must not stay on for the caller's thread.
+TEST(MixedPrecisionEvalTest, AnExceptionFromTheModelLeavesNoAutocastOrEmulationOn) {
+  struct ThrowsImpl : torch::nn::Module {
+    ThrowsImpl() : fc(register_module("fc", torch::nn::Linear(4, 3))) {}
+    torch::Tensor forward(torch::Tensor x) {
+      if (++calls == 2) throw std::runtime_error("model failed");
+      return fc(x);
+    }
+    torch::nn::Linear fc;
+    int calls = 0;
+  };
+  TORCH_MODULE(Throws);
+  for (bool fp16 : {true, false}) {
+    SCOPED_TRACE(fp16 ? "fp16" : "bf16");
+    Learner learn(Throws(), loaders(), cross_entropy(), LearnerOptions().progress(false));
+    if (fp16)
+      learn.to_fp16();
+    else
+      learn.to_bf16();
+    EXPECT_THROW(learn.fit(1, 1e-2), std::runtime_error);
+    EXPECT_FALSE(mixtrain::amp::Fp16Emulation::is_enabled());
+    EXPECT_FALSE(mixtrain::amp::compat::is_autocast_enabled(torch::kCPU));
+  }
+}
+
+} // namespace

@@ -109,6 +109,12 @@ class Callback {
   /// Routes an event to its hook. Override to observe every event at once.
   virtual void handle(Event event, Learner& learn);
 
+  /// Not a fastai event: called when fit, validate or get_preds ends with an
+  /// exception that is not a cancel (a model that throws, an out-of-memory), before
+  /// it reaches the caller. A callback releases here what it holds open across
+  /// events (an autocast region, fp16 emulation), since no after_ event will come.
+  virtual void on_error(Learner&) {}
+
   virtual void before_fit(Learner&) {}
   virtual void before_epoch(Learner&) {}
   virtual void before_train(Learner&) {}

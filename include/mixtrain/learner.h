@@ -222,6 +222,9 @@ class Learner {
 
  private:
   void run(Event event);
+  /// Runs `body`; on an exception that escapes it, calls every callback's on_error, then rethrows.
+  template <typename F>
+  void releasing_on_error(F&& body);
   template <typename Cancel, typename F>
   void with_events(F&& body, Event before, Event after_cancel, Event after);
   void do_fit();

@@ -3,6 +3,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/Context.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
@@ -77,12 +78,18 @@ void clear_autocast_cache() { at::autocast::clear_cache(); }
 
 bool cuda_available() { return torch::cuda::is_available(); }
 
-bool cuda_bf16_supported() {
+bool cuda_bf16_supported(int device_index) {
   if (!cuda_available()) return false;
-  // Ampere (sm_80) and newer; queried through ATen's CUDA hooks so that this file
-  // compiles against CPU-only libtorch too.
+  // Ampere (sm_80) and newer; queried through ATen's CUDA hooks (which ask the
+  // current device, hence the guard) so that this file compiles against CPU-only
+  // libtorch too.
+  c10::OptionalDeviceGuard on_device;
+  if (device_index >= 0) on_device.reset_device(c10::Device(c10::DeviceType::CUDA, device_index));
   return at::detail::getCUDAHooks().supportsBFloat16ConvolutionWithCuDNNv8();
 }
+
+bool is_autocast_cache_enabled() { return at::autocast::is_autocast_cache_enabled(); }
+void set_autocast_cache_enabled(bool enabled) { at::autocast::set_autocast_cache_enabled(enabled); }
 
 bool cpu_has_native_bf16() {
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -95,11 +102,12 @@ bool cpu_has_native_bf16() {
 
 } // namespace compat
 
-autocast::autocast(c10::DeviceType device, c10::ScalarType dtype, bool enabled)
+autocast::autocast(c10::DeviceType device, c10::ScalarType dtype, bool enabled, bool cache_enabled)
     : device_(device), prev_enabled_(compat::is_autocast_enabled(device)),
-      prev_dtype_(compat::get_autocast_dtype(device)) {
+      prev_dtype_(compat::get_autocast_dtype(device)), prev_cache_enabled_(compat::is_autocast_cache_enabled()) {
   compat::set_autocast_enabled(device, enabled);
   compat::set_autocast_dtype(device, dtype);
+  compat::set_autocast_cache_enabled(cache_enabled);
   compat::increment_nesting();
 }
 
@@ -107,6 +115,7 @@ autocast::~autocast() {
   if (compat::decrement_nesting() == 0) compat::clear_autocast_cache();
   compat::set_autocast_enabled(device_, prev_enabled_);
   compat::set_autocast_dtype(device_, prev_dtype_);
+  compat::set_autocast_cache_enabled(prev_cache_enabled_);
 }
 
 } // namespace mixtrain::amp

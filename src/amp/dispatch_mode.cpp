@@ -61,7 +61,10 @@ void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   const auto n_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   const auto n_out = static_cast<std::ptrdiff_t>(op.schema().returns().size());
 
-  if (emulation_depth > 0 && runs_in_fp16_under_autocast(name)) {
+  // Only the functional overloads are autocast's: an out= overload (mutable schema)
+  // runs as it is, writing the caller's tensor, as CUDA autocast leaves it alone.
+  const bool functional = !op.schema().is_mutable();
+  if (emulation_depth > 0 && functional && runs_in_fp16_under_autocast(name)) {
     // Round inputs, run with the mode off inside (inner ops are not rounded again), round outputs.
     c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
     for (auto it = stack->end() - n_args; it != stack->end(); ++it) *it = round_value(*it);
@@ -80,6 +83,12 @@ void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     op.redispatchBoxed(below, stack);
     auto& out = *(stack->end() - n_out);
     if (out.isTensor()) out = out.toTensor().to(dtype);
+  } else if (emulation_depth > 0 && functional &&
+             (autocast_list(name) == AutocastList::kFp32 || autocast_list(name) == AutocastList::kPromote)) {
+    // Autocast runs these in fp32 (or the widest input dtype) with itself excluded
+    // for their inner calls: a cdist's or tensordot's inner matmul is not fp16.
+    c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
+    op.redispatchBoxed(below, stack);
   } else {
     op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
   }

@@ -166,6 +166,16 @@ ParamMemory MasterWeights::memory() const {
 void MasterWeights::before_fit(Learner& learn) {
   TORCH_CHECK(&learn.opt() == optimizer_,
               "MasterWeights: the optimizer was replaced after to_half(); call to_half() again");
+  // Weights put into the model since the masters were made (loaded from a file,
+  // copied by the user) would be overwritten by the old masters at the first step:
+  // such a parameter's master takes the model's value. An untouched parameter equals
+  // its master rounded to the model's dtype and keeps the master's fp32 precision.
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_)
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const torch::Tensor& p = g.params[i];
+      if (!torch::equal(p, g.masters[i].to(p.scalar_type()))) g.masters[i].copy_(p);
+    }
 }
 
 void MasterWeights::before_batch(Learner& learn) {
@@ -184,6 +194,7 @@ void MasterWeights::after_loss(Learner&) { norm_mode_.reset(); }
 void MasterWeights::after_batch(Learner&) { norm_mode_.reset(); }
 void MasterWeights::after_cancel_batch(Learner&) { norm_mode_.reset(); }
 void MasterWeights::after_fit(Learner&) { norm_mode_.reset(); }
+void MasterWeights::on_error(Learner&) { norm_mode_.reset(); }
 
 void MasterWeights::before_backward(Learner& learn) { learn.loss_grad() = learn.loss_grad() * rule_.scale(); }
 

@@ -33,9 +33,10 @@ void notice_once(bool& printed, const char* message) {
 }
 } // namespace
 
-bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bool allow_fp16_emulation) {
+bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool allow_fp16_emulation) {
+  const c10::DeviceType device = where.type();
   if (dtype == c10::ScalarType::BFloat16) {
-    if (device == c10::DeviceType::CUDA && !compat::cuda_bf16_supported())
+    if (device == c10::DeviceType::CUDA && !compat::cuda_bf16_supported(where.has_index() ? where.index() : -1))
       throw std::invalid_argument("Unsupported GPU for bfloat16 mixed precision training");
     static bool slow_bf16_noticed = false;
     if (device == c10::DeviceType::CPU && !compat::cpu_has_native_bf16())
@@ -51,10 +52,16 @@ bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bo
   return true;
 }
 
-void MixedPrecision::before_fit(Learner& learn) {
+void MixedPrecision::prepare_for(Learner& learn) {
   device_type_ = learn.device().type();
-  emulated_ = check_precision_supported(dtype_, device_type_, allow_fp16_emulation_);
+  emulated_ = check_precision_supported(dtype_, learn.device(), allow_fp16_emulation_);
 }
+
+void MixedPrecision::before_fit(Learner& learn) { prepare_for(learn); }
+
+// validate() and get_preds() outside a fit (right after load, say) run the
+// forward pass the way training does: emulated fp16 on a CPU.
+void MixedPrecision::before_validate(Learner& learn) { prepare_for(learn); }
 
 std::string MixedPrecision::mode_tag() const { return std::string("mixed_precision:") + c10::toString(dtype_); }
 
@@ -118,6 +125,11 @@ void MixedPrecision::load_state(torch::serialize::InputArchive& ar) {
       state.insert(key, static_cast<int64_t>(mixtrain::detail::read_f64(ar, std::string("scaler.") + key)));
     scaler_.load_state_dict(state);
   }
+}
+
+void MixedPrecision::on_error(Learner&) {
+  end_forward_region();  // autocast / emulation off again for the caller's thread
+  step_attempted_ = false;
 }
 
 void MixedPrecision::after_fit(Learner&) {

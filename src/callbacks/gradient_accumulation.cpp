@@ -21,7 +21,13 @@ void GradientAccumulation::before_step(Learner&) {
 }
 
 void GradientAccumulation::after_train(Learner& learn) {
-  if (count_ % n_ != 0) learn.opt().zero_grad();
+  if (count_ % n_ != 0) {
+    // A partial accumulation at the epoch's end must not leak into the next epoch.
+    // The optimizer's parameters may not be the model's (fp32 master weights hold
+    // the optimizer, the model holds the accumulated gradients): clear both.
+    learn.opt().zero_grad();
+    for (auto& p : learn.model().module().parameters()) p.mutable_grad() = torch::Tensor();
+  }
   count_ = 0;
 }
 

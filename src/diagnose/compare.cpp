@@ -74,7 +74,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
 
   // D first: nothing else needs to run when the precision cannot.
   try {
-    amp::check_precision_supported(o.dtype(), baseline->device().type(), o.allow_fp16_emulation());
+    amp::check_precision_supported(o.dtype(), baseline->device(), o.allow_fp16_emulation());
   } catch (const c10::Error& e) {
     ev.unsupported = mixtrain::detail::first_line(e.what_without_backtrace());
   } catch (const std::exception& e) {

@@ -8,7 +8,7 @@ namespace mixtrain::amp {
 
 /// Enables autocast for `device` with `dtype` for the guard's lifetime, like
 /// Python's `torch.autocast(device, dtype)`. Nestable: on exit it restores the
-/// previous enabled flag and dtype, and when the outermost guard exits it clears
+/// previous enabled flag, dtype and cache flag, and when the outermost guard exits it clears
 /// the cast cache (skipping that leaks memory, pytorch#46649).
 ///
 /// Example:
@@ -18,7 +18,9 @@ namespace mixtrain::amp {
 ///   }
 class autocast {
  public:
-  autocast(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true);
+  /// `cache_enabled`: cache the casts of weights within the region (torch.autocast's
+  /// default); the previous setting is restored on exit.
+  autocast(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true, bool cache_enabled = true);
   ~autocast();
   autocast(const autocast&) = delete;
   autocast& operator=(const autocast&) = delete;
@@ -27,6 +29,7 @@ class autocast {
   c10::DeviceType device_;
   bool prev_enabled_;
   c10::ScalarType prev_dtype_;
+  bool prev_cache_enabled_;
 };
 
 /// Version-independent access to autocast state (implemented in src/amp/compat.cpp,
@@ -41,8 +44,10 @@ int decrement_nesting();
 void clear_autocast_cache();
 /// Whether this libtorch was built with CUDA and a GPU is visible.
 bool cuda_available();
-/// Whether the visible GPU supports bf16 (compute capability >= 8.0).
-bool cuda_bf16_supported();
+/// Whether GPU `device_index` (-1: the current one) supports bf16 (compute capability >= 8.0).
+bool cuda_bf16_supported(int device_index = -1);
+bool is_autocast_cache_enabled();
+void set_autocast_cache_enabled(bool enabled);
 /// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX).
 bool cpu_has_native_bf16();
 } // namespace compat

@@ -108,6 +108,7 @@ class MasterWeights : public PrecisionCallback {
   void after_batch(Learner& learn) override;
   void after_cancel_batch(Learner& learn) override;
   void after_fit(Learner& learn) override;
+  void on_error(Learner& learn) override;
 
  private:
   std::function<void(torch::Tensor&)> reduce_overflow_;

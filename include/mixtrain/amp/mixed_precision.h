@@ -18,7 +18,7 @@ namespace mixtrain::amp {
 /// emulation is forbidden (c10::Error). Prints the one-time notices: fp16 emulated on CPU,
 /// and slow bf16 on CPUs without native bf16 instructions.
 /// Returns true when fp16 will be emulated (fp16 on CPU).
-bool check_precision_supported(c10::ScalarType dtype, c10::DeviceType device, bool allow_fp16_emulation = true);
+bool check_precision_supported(c10::ScalarType dtype, c10::Device device, bool allow_fp16_emulation = true);
 
 /// Runs the forward pass and the loss under autocast (before_batch to
 /// after_loss), casts floating-point predictions to fp32 (after_pred), scales
@@ -59,6 +59,7 @@ class MixedPrecision : public PrecisionCallback {
   void load_state(torch::serialize::InputArchive& ar) override;
 
   void before_fit(Learner& learn) override;
+  void before_validate(Learner& learn) override;
   void before_batch(Learner& learn) override;
   void after_pred(Learner& learn) override;
   void after_loss(Learner& learn) override;
@@ -68,10 +69,13 @@ class MixedPrecision : public PrecisionCallback {
   void after_batch(Learner& learn) override;
   void after_cancel_batch(Learner& learn) override;
   void after_fit(Learner& learn) override;
+  void on_error(Learner& learn) override;
 
  private:
   /// Closes autocast / emulation (after the loss, and on any exit from a batch).
   void end_forward_region();
+  /// Decides from the Learner's device whether fp16 is emulated (or refused).
+  void prepare_for(Learner& learn);
 
   c10::ScalarType dtype_;
   GradScaler scaler_;
