@@ -1,6 +1,7 @@
 #include "mixtrain/learner.h"
 
 #include "mixtrain/callbacks/progress.h"
+#include "mixtrain/models.h"
 
 #include <torch/nn/functional/loss.h>
 #include <torch/optim.h>
@@ -76,14 +77,41 @@ Learner::Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOpti
   if (options_.progress()) add_cb(std::make_shared<callbacks::ProgressCallback>());
 }
 
+namespace {
+
+/// Weight decay 0 in `o`, for the optimizers libtorch ships; false for another type.
+bool zero_weight_decay(torch::optim::OptimizerOptions& o) {
+  namespace optim = torch::optim;
+  if (auto* a = dynamic_cast<optim::AdamWOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<optim::AdamOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<optim::SGDOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<optim::RMSpropOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<optim::AdagradOptions*>(&o)) return a->weight_decay(0), true;
+  return false;
+}
+
+} // namespace
+
 torch::optim::Optimizer& Learner::opt() {
-  if (!opt_) {
-    std::vector<torch::Tensor> params;
-    for (const auto& p : model_.module().parameters())
-      if (p.requires_grad()) params.push_back(p);
-    opt_ = options_.opt_func()(params, kDefaultLr);
-    TORCH_CHECK(opt_, "opt_func returned no optimizer");
-  }
+  if (opt_) return *opt_;
+  std::vector<torch::Tensor> params, decay, no_decay;
+  for (const auto& p : model_.module().parameters())
+    if (p.requires_grad()) params.push_back(p);
+  opt_ = options_.opt_func()(params, kDefaultLr);
+  TORCH_CHECK(opt_, "opt_func returned no optimizer");
+  if (options_.wd_bn_bias() || opt_->param_groups().size() != 1) return *opt_;
+  // fastai's wd_bn_bias=False: norm layers' parameters and every bias in a group
+  // without weight decay (fastai's norm_bias_params).
+  for (const auto& m : model_.module().modules(/*include_self=*/true))
+    for (const auto& kv : m->named_parameters(/*recurse=*/false))
+      if (kv.value().requires_grad()) (is_norm_layer(*m) || kv.key() == "bias" ? no_decay : decay).push_back(kv.value());
+  if (no_decay.empty()) return *opt_;
+  auto decayed = opt_->param_groups()[0].options().clone();
+  auto undecayed = decayed->clone();
+  if (!zero_weight_decay(*undecayed)) return *opt_;  // an optimizer we cannot configure: one group, as built
+  opt_->param_groups().clear();
+  if (!decay.empty()) opt_->add_param_group(torch::optim::OptimizerParamGroup(decay, std::move(decayed)));
+  opt_->add_param_group(torch::optim::OptimizerParamGroup(no_decay, std::move(undecayed)));
   return *opt_;
 }
 

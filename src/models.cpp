@@ -2,6 +2,18 @@
 
 #include <torch/nn.h>
 
+namespace mixtrain {
+
+bool is_norm_layer(const torch::nn::Module& m) {
+  namespace nn = torch::nn;
+  return dynamic_cast<const nn::BatchNorm1dImpl*>(&m) || dynamic_cast<const nn::BatchNorm2dImpl*>(&m) ||
+         dynamic_cast<const nn::BatchNorm3dImpl*>(&m) || dynamic_cast<const nn::LayerNormImpl*>(&m) ||
+         dynamic_cast<const nn::GroupNormImpl*>(&m) || dynamic_cast<const nn::InstanceNorm1dImpl*>(&m) ||
+         dynamic_cast<const nn::InstanceNorm2dImpl*>(&m) || dynamic_cast<const nn::InstanceNorm3dImpl*>(&m);
+}
+
+} // namespace mixtrain
+
 namespace mixtrain::models {
 
 namespace nn = torch::nn;

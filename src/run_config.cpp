@@ -63,6 +63,7 @@ const std::vector<Field>& fields() {
       option<bool>("flat_master", &master, static_cast<bool& (M::*)()>(&M::flat_master)),
       member("clip", &RunConfig::clip),
       member("accum", &RunConfig::accum),
+      member("wd_bn_bias", &RunConfig::wd_bn_bias),
       member("save_every", &RunConfig::save_every),
       member("keep", &RunConfig::keep),
       member("max_bad_steps", &RunConfig::max_bad_steps),

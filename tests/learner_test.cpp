@@ -146,3 +146,31 @@ TEST_F(LearnerTest, FashionMnistCnnLearns) {
 }
 
 } // namespace
+
+namespace {
+
+// fastai's default wd_bn_bias=False: norm layers' parameters and biases get no
+// weight decay; wd_bn_bias(true) decays everything, as before.
+TEST(LearnerOptimizerTest, NormParametersAndBiasesAreNotDecayedByDefault) {
+  using namespace mixtrain;
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8), torch::nn::ReLU(),
+                              torch::nn::Linear(8, 3));
+  auto dls = data::DataLoaders::from_split({test::blobs(64), test::blobs(32)}, 16, 1);
+  Learner learn(model, dls, cross_entropy(), LearnerOptions().progress(false));
+  auto& groups = learn.opt().param_groups();
+  ASSERT_EQ(groups.size(), 2u);
+  auto wd = [](torch::optim::OptimizerParamGroup& g) {
+    return static_cast<torch::optim::AdamWOptions&>(g.options()).weight_decay();
+  };
+  EXPECT_EQ(wd(groups[0]), 0.01);
+  EXPECT_EQ(wd(groups[1]), 0.0);
+  ASSERT_EQ(groups[0].params().size(), 2u);  // the two Linear weights
+  EXPECT_TRUE(groups[0].params()[0].is_same(model[0]->as<torch::nn::Linear>()->weight));
+  EXPECT_EQ(groups[1].params().size(), 4u);  // two biases, BatchNorm's weight and bias
+  learn.fit(1, 1e-2);  // and it trains with two groups (schedules set every group)
+
+  Learner all(torch::nn::Linear(4, 3), dls, cross_entropy(), LearnerOptions().progress(false).wd_bn_bias(true));
+  EXPECT_EQ(all.opt().param_groups().size(), 1u);
+}
+
+} // namespace

@@ -166,7 +166,7 @@ TEST_F(MasterWeightsTest, FlatAndPerParameterMastersGiveTheSameWeights) {
     learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).flat_master(flat));
     learn.fit(2, 1e-2);
     auto mw = learn.get_cb<amp::MasterWeights>();
-    EXPECT_EQ(mw->masters().size(), flat ? 1u : net->parameters().size());
+    EXPECT_EQ(mw->masters().size(), flat ? learn.opt().param_groups().size() : net->parameters().size());  // flat: one per group
     std::vector<torch::Tensor> out;
     for (auto& p : net->parameters()) out.push_back(p.detach().to(torch::kFloat).clone());
     return out;
@@ -267,6 +267,33 @@ TEST(MasterWeightsResyncTest, APartialAccumulationDoesNotLeakIntoTheNextEpoch) {
   learn.add_cb(probe);
   learn.fit(3, 1e-2);
   EXPECT_EQ(probe->clean, (std::vector<bool>{true, true, true}));
+}
+
+} // namespace
+
+namespace {
+
+// flat_master steps one buffer per group; a parameter that got no gradient (an
+// unused layer here) must not receive weight decay through it.
+TEST(MasterWeightsFlatTest, AParameterWithoutAGradientKeepsItsWeights) {
+  struct WithUnusedImpl : nn::Module {
+    WithUnusedImpl()
+        : used(register_module("used", nn::Linear(4, 3))), unused(register_module("unused", nn::Linear(4, 3))) {}
+    torch::Tensor forward(torch::Tensor x) { return used(x); }
+    nn::Linear used, unused;
+  };
+  TORCH_MODULE(WithUnused);
+  for (bool flat : {false, true}) {
+    SCOPED_TRACE(flat ? "flat" : "per parameter");
+    torch::manual_seed(13);
+    WithUnused net;
+    Learner learn(net, blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+    learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).flat_master(flat));
+    const torch::Tensor before = net->unused->weight.detach().clone();
+    learn.fit(2, 1e-1);  // AdamW's decoupled weight decay would shrink it by ~1e-3 a step
+    EXPECT_TRUE(torch::equal(net->unused->weight, before));
+    EXPECT_FALSE(torch::equal(net->used->weight.to(torch::kFloat), before.to(torch::kFloat)));
+  }
 }
 
 } // namespace

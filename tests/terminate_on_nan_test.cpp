@@ -36,14 +36,34 @@ TEST_F(TerminateOnNaNTest, Fp32StopsAtTheFirstBadLossAndKeepsTheLastGoodState) {
   learn.fit(2, 1e-2);
   ASSERT_TRUE(stop->triggered());
   EXPECT_NE(stop->message().find("the loss became NaN at step 3"), std::string::npos) << stop->message();
-  EXPECT_NE(stop->message().find("last good state saved to " + dir + "/checkpoint-3.pt"), std::string::npos);
+  // The poisoned weights are not called good: the message says what was saved.
+  EXPECT_EQ(stop->message().find("last good state"), std::string::npos) << stop->message();
+  EXPECT_NE(stop->message().find("the weights are already non-finite"), std::string::npos) << stop->message();
+  EXPECT_NE(stop->message().find("for inspection only, to " + dir + "/checkpoint-3.pt"), std::string::npos);
   EXPECT_EQ(learn.recorder().steps().size(), 3u);  // the bad batch never stepped
-  // The checkpoint is the state the bad batch started from (here: the poisoned one, as
-  // saved before its step), and it loads.
-  Learner reader(nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false).opt_func(sgd(0.0)));
+}
+
+// A NaN from the data (finite weights): the saved state is the last good one, and
+// every parameter of the checkpoint is the one the bad batch started from.
+TEST_F(TerminateOnNaNTest, ANanFromTheDataSavesTheLastGoodWeights) {
+  const std::string dir = test::scratch_dir("nan_data");
+  auto train = test::blobs(128, 3, 4, 51), valid = test::blobs(32, 3, 4, 52);
+  train.x[40][0] = NAN;  // sample 40 is in the third batch of 16 (no shuffling below)
+  data::DataLoaders dls(data::DataLoader(train, data::DataLoaderOptions().batch_size(16)),
+                        data::DataLoader(valid, data::DataLoaderOptions().batch_size(16)));
+  Learner learn(nn::Linear(4, 3), dls, cross_entropy(), LearnerOptions().progress(false));
+  auto ckpt = std::make_shared<callbacks::Checkpointer>(callbacks::CheckpointerOptions(dir));
+  auto stop = std::make_shared<callbacks::TerminateOnNaN>(10, ckpt);
+  learn.add_cb(stop);
+  learn.fit(1, 1e-2);
+  ASSERT_TRUE(stop->triggered());
+  EXPECT_NE(stop->message().find("last good state saved to " + dir + "/checkpoint-2.pt"), std::string::npos)
+      << stop->message();
+  Learner reader(nn::Linear(4, 3), dls, cross_entropy(), LearnerOptions().progress(false));
   reader.add_cb(std::make_shared<callbacks::TerminateOnNaN>());
-  reader.load(dir + "/checkpoint-3.pt");
-  EXPECT_TRUE(torch::equal(reader.model().module().parameters()[1], learn.model().module().parameters()[1]));
+  reader.load(dir + "/checkpoint-2.pt");
+  test::expect_bitwise_equal(reader.model().state_tensors(), learn.model().state_tensors());
+  for (const auto& t : reader.model().state_tensors()) EXPECT_TRUE(torch::isfinite(t).all().item<bool>());
 }
 
 TEST_F(TerminateOnNaNTest, WithLossScalingOnlyARunOfBadStepsStops) {

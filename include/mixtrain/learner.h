@@ -89,6 +89,10 @@ struct LearnerOptions {
   TORCH_ARG(bool, progress) = true;
   /// Device for the model and batches.
   TORCH_ARG(torch::Device, device) = torch::Device(torch::kCPU);
+  /// Decay norm layers' parameters and biases too (fastai's wd_bn_bias, default
+  /// false: they get weight decay 0 in a param group of their own, for the
+  /// optimizers libtorch ships: AdamW, Adam, SGD, RMSprop, Adagrad).
+  TORCH_ARG(bool, wd_bn_bias) = false;
 };
 
 /// fastai's default learning rate for fit / fit_one_cycle.

@@ -5,6 +5,17 @@
 
 #include <string>
 
+namespace torch::nn { class Module; }
+
+namespace mixtrain {
+
+/// Whether `module` is a normalization layer (BatchNorm*, LayerNorm, GroupNorm,
+/// InstanceNorm*): master weights keep them in fp32, and fastai's default optimizer
+/// does not decay their parameters.
+bool is_norm_layer(const torch::nn::Module& module);
+
+} // namespace mixtrain
+
 namespace mixtrain::models {
 
 /// conv(1->16, 3, stride 2, pad 1)+BN+ReLU, conv(16->32, 3, stride 2, pad 1)+BN+ReLU,

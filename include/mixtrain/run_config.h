@@ -24,6 +24,7 @@ struct RunConfig {
   PrecisionOptions precision_options;         ///< the scaler's and the master weights' options
   double clip = 0;                            ///< global gradient-norm clip (0: off)
   int64_t accum = 1;                          ///< batches per optimizer step
+  bool wd_bn_bias = false;                    ///< decay norm parameters and biases too (fastai's default: no)
   int64_t save_every = 0;                     ///< epochs between checkpoints (0: only on interrupt)
   int64_t keep = 0;                           ///< checkpoints kept (0: all)
   int64_t max_bad_steps = 10;                 ///< with loss scaling: consecutive NaN/inf losses tolerated

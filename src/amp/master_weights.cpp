@@ -15,14 +15,6 @@
 
 namespace mixtrain::amp {
 
-bool is_norm_layer(const torch::nn::Module& m) {
-  namespace nn = torch::nn;
-  return dynamic_cast<const nn::BatchNorm1dImpl*>(&m) || dynamic_cast<const nn::BatchNorm2dImpl*>(&m) ||
-         dynamic_cast<const nn::BatchNorm3dImpl*>(&m) || dynamic_cast<const nn::LayerNormImpl*>(&m) ||
-         dynamic_cast<const nn::GroupNormImpl*>(&m) || dynamic_cast<const nn::InstanceNorm1dImpl*>(&m) ||
-         dynamic_cast<const nn::InstanceNorm2dImpl*>(&m) || dynamic_cast<const nn::InstanceNorm3dImpl*>(&m);
-}
-
 namespace {
 
 /// Converts the floating-point parameters and buffers of every module to `dtype`,
@@ -202,6 +194,7 @@ std::string MasterWeights::mode_tag() const { return std::string("master_weights
 
 void MasterWeights::before_step(Learner& learn) {
   stepped_ = false;
+  untouched_.clear();
   const double scale_used = rule_.scale();
   std::vector<torch::Tensor> grads;
   for (const auto& p : model_params_) grads.push_back(p.grad());
@@ -224,8 +217,14 @@ void MasterWeights::before_step(Learner& learn) {
     if (options_.flat_master()) {
       if (!g.flat.grad().defined()) g.flat.mutable_grad() = torch::zeros_like(g.flat);
       std::vector<torch::Tensor> parts;
-      for (const auto& p : g.params)
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        const torch::Tensor& p = g.params[i];
         parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+        // A parameter without a gradient (frozen, unused) is stepped with the flat
+        // buffer; its master is put back after the step, as per-parameter masters
+        // (which the optimizer skips) leave it.
+        if (!p.grad().defined()) untouched_.emplace_back(g.masters[i], g.masters[i].clone());
+      }
       if (!parts.empty()) at::cat_out(g.flat.mutable_grad(), parts);  // one kernel, cast to fp32 on write
       g.flat.mutable_grad().div_(scale_used);
     } else {
@@ -247,6 +246,11 @@ void MasterWeights::before_step(Learner& learn) {
 void MasterWeights::after_step(Learner&) {
   if (!stepped_) return;  // after a cancelled step nothing moved
   stepped_ = false;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [master, before] : untouched_) master.copy_(before);
+    untouched_.clear();
+  }
   copy_masters_to_model();
   if (options_.dynamic()) rule_.update(/*overflow=*/false);
 }

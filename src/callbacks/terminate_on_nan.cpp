@@ -31,10 +31,21 @@ void TerminateOnNaN::after_loss(Learner& learn) {
   ++bad_in_a_row_;
   if (scaled && bad_in_a_row_ <= max_bad_steps_) return;  // the scaler skips this step
 
-  // Stop before this batch's backward and step: the weights are the last good ones.
+  // Stop before this batch's backward and step. The weights are the last good
+  // ones only if they are finite: a step may already have made them inf/NaN.
   triggered_ = true;
+  bool weights_finite = true;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& t : learn.model().state_tensors())
+      if (t.is_floating_point() && !torch::isfinite(t).all().item<bool>()) weights_finite = false;
+  }
   std::string where = "no checkpoint written (no run directory)";
-  if (checkpointer_) where = "last good state saved to " + checkpointer_->save(learn);
+  if (checkpointer_)
+    where = (weights_finite ? "last good state saved to "
+                            : "the weights are already non-finite (an earlier step made them so); that state "
+                              "saved, for inspection only, to ") +
+            checkpointer_->save(learn);
   if (scaled)
     message_ = "the loss was NaN/inf for " + std::to_string(bad_in_a_row_) +
                " consecutive steps despite loss scaling (at step " + std::to_string(learn.train_iter()) + "); " +

@@ -70,6 +70,8 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
   cmd.add_option("--clip", r.clip, "Clip the global gradient norm to X (after unscaling; default: off)");
   cmd.add_option("--accum", r.accum, "Accumulate gradients over N batches per optimizer step (default 1)")
       ->capture_default_str();
+  cmd.add_flag("--wd-bn-bias", r.wd_bn_bias,
+               "Apply weight decay to norm layers' parameters and biases too (fastai's wd_bn_bias; default: not)");
   if (for_doctor) return;
   cmd.add_option_function<double>("--loss-scale", [&master](double v) { master.loss_scale(v).dynamic(false); },
                                   "fp16-master/bf16-master: a static loss scale X (default: dynamic from 65536)");

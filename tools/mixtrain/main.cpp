@@ -53,7 +53,8 @@ std::unique_ptr<mixtrain::Learner> build_learner(const mixtrain::RunConfig& r, c
                                                  bool progress) {
   auto learn = std::make_unique<mixtrain::Learner>(
       mixtrain::models::by_name(r.model), mixtrain::data::DataLoaders::from_split(split, r.bs, r.seed),
-      mixtrain::cross_entropy(), mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}).progress(progress));
+      mixtrain::cross_entropy(),
+      mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}).progress(progress).wd_bn_bias(r.wd_bn_bias));
   // Orders 20 and 5: they run after / before the precision callbacks added later, whatever the insertion order.
   if (r.clip > 0) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(r.clip));
   if (r.accum > 1) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(r.accum));

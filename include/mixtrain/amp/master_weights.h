@@ -5,6 +5,7 @@
 
 #include "mixtrain/amp/loss_scale_rule.h"
 #include "mixtrain/amp/precision_callback.h"
+#include "mixtrain/models.h"
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -35,7 +36,10 @@ struct MasterWeightsOptions {
   TORCH_ARG(double, clip) = 0;
   /// Keep each param group's masters in one contiguous fp32 buffer: the
   /// optimizer then steps one tensor per group, and the model-to-master grad
-  /// copy is one kernel.
+  /// copy is one kernel. A parameter without a gradient at a step keeps its
+  /// weights (its master is put back after the step); the optimizer's state for
+  /// its slice (Adam's moments, SGD's momentum) still decays, as it does not with
+  /// per-parameter masters.
   TORCH_ARG(bool, flat_master) = false;
   /// Cast predictions to fp32 before the loss.
   TORCH_ARG(bool, loss_fp32) = true;
@@ -45,9 +49,8 @@ struct MasterWeightsOptions {
 void validate(const MasterWeightsOptions& options);
 
 
-/// Whether `module` is a normalization layer (BatchNorm*, LayerNorm, GroupNorm,
-/// InstanceNorm*), which master-weights mode keeps in fp32.
-bool is_norm_layer(const torch::nn::Module& module);
+/// Master-weights mode keeps normalization layers (mixtrain::is_norm_layer) in fp32.
+using mixtrain::is_norm_layer;
 
 /// The callback (order 10). Learner::to_half attaches it; construction converts
 /// the model, creates the masters and rebuilds the optimizer over them (keeping
@@ -123,6 +126,7 @@ class MasterWeights : public PrecisionCallback {
   MasterWeightsOptions options_;
   LossScaleRule rule_;
   bool stepped_ = false;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> untouched_;  // flat_master: (master view, its value) to put back
   std::vector<Group> groups_;
   std::vector<torch::Tensor> masters_;  // what the optimizer holds
   std::vector<torch::Tensor> model_params_;
