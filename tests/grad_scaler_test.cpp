@@ -296,3 +296,34 @@ torch.save(out, sys.argv[2])
 }
 
 } // namespace
+
+namespace {
+
+// An Embedding with sparse gradients: unscaled through the values (torch's way),
+// the same step as without a scaler, and an inf in the values is a skip.
+TEST_F(GradScalerTest, SparseGradientsAreUnscaledAndChecked) {
+  auto run = [](bool scaled, double inject) {
+    torch::manual_seed(17);
+    torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 4).sparse(true));
+    torch::optim::SGD opt(emb->parameters(), torch::optim::SGDOptions(0.5));
+    GradScaler scaler(GradScalerOptions().enabled(scaled).init_scale(1024));
+    const torch::Tensor idx = torch::tensor({1, 3, 3, 7}, torch::kLong);
+    const torch::Tensor loss = emb(idx).pow(2).sum();
+    scaler.scale(loss).backward();
+    EXPECT_TRUE(emb->weight.grad().is_sparse());
+    if (inject != 0) emb->weight.grad()._values()[0][0] = inject;
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    return std::make_pair(emb->weight.detach().clone(), stepped);
+  };
+  const auto plain = run(false, 0), scaled = run(true, 0);
+  EXPECT_TRUE(scaled.second);
+  EXPECT_TRUE(torch::allclose(scaled.first, plain.first, 0, 1e-6));
+  const auto overflow = run(true, INFINITY);
+  EXPECT_FALSE(overflow.second);
+  torch::manual_seed(17);
+  torch::nn::Embedding fresh(torch::nn::EmbeddingOptions(10, 4).sparse(true));
+  EXPECT_TRUE(torch::equal(overflow.first, fresh->weight));  // skipped: the weights did not move
+}
+
+} // namespace

@@ -68,10 +68,15 @@ void GradScaler::unscale_(torch::optim::Optimizer& opt) {
 
   std::vector<torch::Tensor> grads;
   for (auto& group : opt.param_groups())
-    for (auto& p : group.params())
-      if (p.grad().defined()) grads.push_back(p.grad());  // a parameter without a gradient is ignored
-  for (const auto& g : grads)
-    TORCH_CHECK(g.scalar_type() != torch::kHalf, "Attempting to unscale FP16 gradients.");
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;  // a parameter without a gradient is ignored
+      const torch::Tensor& g = p.grad();
+      TORCH_CHECK(g.scalar_type() != torch::kHalf, "Attempting to unscale FP16 gradients.");
+      // A sparse gradient (Embedding(sparse=true)) is checked and unscaled through its
+      // values, in place, as torch does. (torch coalesces fp16 values first, so that
+      // duplicates summed in fp16 are checked; fp16 gradients are refused above.)
+      grads.push_back(g.is_sparse() ? g._values() : g);
+    }
 
   const torch::Device device = grads.empty() ? torch::Device(torch::kCPU) : grads.front().device();
   // inv_scale as torch computes it: reciprocal in double, then rounded to float.
