@@ -7,6 +7,7 @@
 #include "read_file.h"
 
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 namespace mixtrain::data {
@@ -146,8 +147,14 @@ torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const st
 }
 
 DatasetSplit fashion_mnist(const std::string& dir) {
+  // Each file as Debian ships it (.gz), or uncompressed when only that is there.
+  auto file = [&](const std::string& name) {
+    const std::string gz = dir + "/" + name + ".gz", raw = dir + "/" + name;
+    std::ifstream probe(gz);
+    return probe.good() || !std::ifstream(raw).good() ? gz : raw;
+  };
   auto load = [&](const std::string& images_file, const std::string& labels_file) {
-    const std::string ip = dir + "/" + images_file, lp = dir + "/" + labels_file;
+    const std::string ip = file(images_file), lp = file(labels_file);
     torch::Tensor images = read_idx(ip), labels = read_idx(lp);
     TORCH_CHECK(images.dim() == 3 && images.size(1) == 28 && images.size(2) == 28, ip,
                 " does not hold 28x28 images (dims ", images.sizes(), ")");
@@ -158,8 +165,8 @@ DatasetSplit fashion_mnist(const std::string& dir) {
     torch::Tensor x = images.unsqueeze(1).to(at::kFloat).div_(255.).sub_(kFashionMnistMean).div_(kFashionMnistStd);
     return Dataset{x, labels.to(at::kLong)};
   };
-  return {load("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-          load("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")};
+  return {load("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+          load("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")};
 }
 
 } // namespace mixtrain::data

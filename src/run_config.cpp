@@ -68,6 +68,7 @@ const std::vector<Field>& fields() {
       member("keep", &RunConfig::keep),
       member("max_bad_steps", &RunConfig::max_bad_steps),
       member("comm_dtype", &RunConfig::comm_dtype),
+      member("ranks", &RunConfig::ranks),
   };
   return kFields;
 }

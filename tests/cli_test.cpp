@@ -358,10 +358,10 @@ TEST(CliLaunchTest, AnInterruptedLaunchResumesBitwiseEqualWithTheSameRanksOnly) 
   ASSERT_TRUE(std::filesystem::exists(cut + "/checkpoint-6.pt"));
 
   // Another world size is refused, naming the mismatch, before anything changes.
-  expect_usage_error("train --resume " + cut, "it holds state for callback 'data_parallel', which this learner does not have");
+  expect_usage_error("train --resume " + cut, "resume with: mixtrain launch --nproc 2 -- train --resume " + cut);
   const CliResult three = launch(3, " --resume " + cut);
   EXPECT_EQ(three.code, 2);
-  EXPECT_NE(three.out.find("data_parallel state: saved by a run of 2 ranks but this run has 3"), std::string::npos) << three.out;
+  EXPECT_NE(three.out.find("with 3 rank(s): it was trained by 2"), std::string::npos) << three.out;
 
   const CliResult resumed = launch(2, " --resume " + cut);
   ASSERT_EQ(resumed.code, 0) << resumed.out << resumed.err;
@@ -437,6 +437,67 @@ TEST(CliLaunchTest, BadLaunchUsageIsAOneLineError) {
   expect_usage_error("launch --nproc 2 --bogus -- train", "--bogus");
   expect_usage_error("launch -- train", "--nproc is required");
   expect_usage_error("train --comm-dtype int8", "invalid --comm-dtype 'int8'");
+}
+
+} // namespace
+
+namespace {
+
+// The new user's rough edges: each was found by running the CLI.
+TEST(CliRoughEdgesTest, FlagsThatCannotWorkAreOneLineErrors) {
+  const std::string dir = test::fake_fashion_dir("cli_rough", 64, 32);
+  const std::string base = "train --data " + dir + " --out " + test::scratch_dir("cli_rough_out");
+  expect_usage_error(base + " --seed -1", "invalid --seed -1: must be >= 0");
+  expect_usage_error(base + " --bs 16 --accum 5", "--accum 5 is more than the 4 batches of an epoch");
+  expect_usage_error("train --data " + dir + "/train-images-idx3-ubyte.gz", "is not a directory");
+}
+
+TEST(CliRoughEdgesTest, UncompressedIdxFilesAreRead) {
+  const std::string dir = test::fake_fashion_dir("cli_raw_idx", 64, 32);
+  for (const char* name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                           "t10k-labels-idx1-ubyte"}) {
+    const std::string gz = dir + "/" + name + ".gz";
+    ASSERT_EQ(std::system(("gunzip -f " + gz).c_str()), 0);
+  }
+  const CliResult r = run_cli("train --data " + dir + " --bs 16 --model mlp --threads 1 --out " +
+                              test::scratch_dir("cli_raw_idx_out"));
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+TEST(CliRoughEdgesTest, FlagsThatDoNothingInTheChosenModeAreWarned) {
+  const std::string dir = test::fake_fashion_dir("cli_warn", 64, 32);
+  const std::string base = "train --data " + dir + " --bs 16 --model mlp --threads 1 --out " + test::scratch_dir("cli_warn_out");
+  const CliResult fp32 = run_cli(base + " --init-scale 256 --force");
+  EXPECT_EQ(fp32.code, 0) << fp32.err;
+  EXPECT_NE(fp32.err.find("mixtrain: warning: --init-scale does nothing with --precision fp32"), std::string::npos) << fp32.err;
+  const CliResult bf16 = run_cli(base + " --precision bf16 --loss-scale 8 --force");
+  EXPECT_NE(bf16.err.find("mixtrain: warning: --loss-scale does nothing with --precision bf16"), std::string::npos) << bf16.err;
+  const CliResult threads = run_cli("train --data " + dir + " --bs 16 --model mlp --threads 4096 --out " +
+                                    test::scratch_dir("cli_warn_threads"));
+  EXPECT_NE(threads.err.find("--threads 4096 is more than this machine's"), std::string::npos) << threads.err;
+  const CliResult quiet = run_cli(base + " --precision fp16 --init-scale 256 --force");
+  EXPECT_EQ(quiet.err.find("warning"), std::string::npos) << quiet.err;
+}
+
+// Two runs started in the same second get their own default folders.
+TEST(CliRoughEdgesTest, DefaultRunFoldersAreUnique) {
+  const std::string dir = test::fake_fashion_dir("cli_unique", 64, 32);
+  const std::string cwd = test::scratch_dir("cli_unique_cwd");
+  const std::string run = std::string(MIXTRAIN_CLI_PATH) + " train --data " + dir + " --bs 16 --model mlp --threads 1 >/dev/null 2>&1";
+  ASSERT_EQ(std::system(("cd " + cwd + " && (" + run + " & " + run + " & wait)").c_str()), 0);
+  int folders = 0;
+  for (const auto& e : std::filesystem::directory_iterator(cwd + "/runs")) folders += e.is_directory();
+  EXPECT_EQ(folders, 2);
+}
+
+// A launch in which a rank would get no full batch is refused before any rank trains.
+TEST(CliRoughEdgesTest, ALaunchWhereARankGetsNoBatchIsRefused) {
+  const std::string dir = test::fake_fashion_dir("cli_launch_small", 64, 32);
+  const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) +
+                              " -- train --data " + dir + " --bs 48 --model mlp --threads 1 --out " +
+                              test::scratch_dir("cli_launch_small_out"));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.out.find("(64 images, 32 per rank of 2) is smaller than --bs 48"), std::string::npos) << r.out << r.err;
 }
 
 } // namespace

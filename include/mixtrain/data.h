@@ -115,6 +115,7 @@ torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const st
 
 /// Loads Fashion-MNIST from `dir` (train: 60000, valid: the 10000 test images),
 /// as float images [N,1,28,28] normalized with kFashionMnistMean/Std and int64 labels.
+/// Reads each of the four files as `NAME.gz` or, when only that exists, uncompressed `NAME`.
 DatasetSplit fashion_mnist(const std::string& dir = kFashionMnistDir);
 
 } // namespace mixtrain::data

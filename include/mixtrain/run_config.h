@@ -29,6 +29,7 @@ struct RunConfig {
   int64_t keep = 0;                           ///< checkpoints kept (0: all)
   int64_t max_bad_steps = 10;                 ///< with loss scaling: consecutive NaN/inf losses tolerated
   std::string comm_dtype = "fp32";            ///< data parallel: dtype gradients travel in
+  int ranks = 1;                              ///< data-parallel ranks the run was trained by
 
   /// Every field above as a JSON object. One table in run_config.cpp describes the
   /// fields for both directions.

@@ -34,8 +34,14 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
   cmd.add_option("--epochs", r.epochs, "Epochs to train (>= 1)")->capture_default_str();
   cmd.add_option("--lr", r.lr, "Peak learning rate of the one-cycle schedule (> 0)")->capture_default_str();
   cmd.add_option("--bs", r.bs, "Batch size (>= 1)")->capture_default_str();
-  cmd.add_option("--seed", r.seed, "Seed for weights and data order; same seed + threads = same result")
-      ->capture_default_str();
+  cmd.add_option_function<int64_t>(
+         "--seed",
+         [&r](int64_t v) {
+           if (v < 0) throw CLI::ValidationError("--seed", "invalid --seed " + std::to_string(v) + ": must be >= 0");
+           r.seed = static_cast<uint64_t>(v);
+         },
+         "Seed for weights and data order (0 to 2^63-1); same seed + threads = same result")
+      ->default_str(std::to_string(r.seed));
   cmd.add_option("--limit", r.limit, "Train on the first N training images only (>= 1; default: all 60000)");
   cmd.add_option("--threads", r.threads, "Intra-op threads (>= 1; default 0 = all cores, OpenBLAS pinned to 1 thread)")
       ->capture_default_str();
@@ -124,6 +130,8 @@ void validate(const TrainArgs& a, bool check_device) {
   if (check_device && (r.precision == mixtrain::Precision::kFp16 || r.precision == mixtrain::Precision::kBf16))
     mixtrain::amp::check_precision_supported(r.precision == mixtrain::Precision::kFp16 ? torch::kHalf : torch::kBFloat16,
                                              torch::kCPU, r.precision_options.allow_fp16_emulation());
+  if (fs::exists(r.data) && !fs::is_directory(r.data))
+    throw UsageError("--data " + r.data + " is not a directory (it needs Fashion-MNIST's four idx files)");
   if (!fs::is_directory(r.data)) throw UsageError("data directory not found: " + r.data);
 }
 
@@ -141,6 +149,27 @@ std::string in_flag_terms(std::string m) {
   };
   for (const auto& [pattern, flag] : kTerms) m = std::regex_replace(m, pattern, flag);
   return m;
+}
+
+std::vector<std::string> ignored_flag_warnings(const CLI::App& cmd, const mixtrain::RunConfig& r, int cores) {
+  using mixtrain::Precision;
+  std::vector<std::string> out;
+  const bool scaler = r.precision == Precision::kFp16;
+  const bool master = r.precision == Precision::kFp16Master || r.precision == Precision::kBf16Master;
+  for (const char* flag : {"--init-scale", "--growth-factor", "--backoff-factor", "--growth-interval"})
+    if (cmd.count(flag) > 0 && !scaler)
+      out.push_back(std::string(flag) + " does nothing with --precision " + mixtrain::precision_name(r.precision) +
+                    " (it sets fp16's GradScaler)");
+  for (const char* flag : {"--loss-scale", "--max-noskip", "--max-scale", "--flat-master"})
+    if (cmd.count(flag) > 0 && !master)
+      out.push_back(std::string(flag) + " does nothing with --precision " + mixtrain::precision_name(r.precision) +
+                    " (it sets fp16-master/bf16-master)");
+  if (cmd.count("--no-emulation") > 0 && r.precision != Precision::kFp16)
+    out.push_back("--no-emulation does nothing with --precision " + mixtrain::precision_name(r.precision));
+  if (cores > 0 && r.threads > cores)
+    out.push_back("--threads " + std::to_string(r.threads) + " is more than this machine's " + std::to_string(cores) +
+                  " cores: threads will oversubscribe them");
+  return out;
 }
 
 void prepare_out_dir(const std::string& out) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace mixtrain_cli {
 
@@ -42,6 +43,10 @@ void validate(const TrainArgs& a, bool check_device);
 /// The library's messages name API calls and options; the CLI's users know flags.
 /// Rewrites the phrases the library uses into the flags that set them.
 std::string in_flag_terms(std::string message);
+
+/// One line for each given flag that does nothing in the chosen mode (or asks for
+/// more threads than `cores`).
+std::vector<std::string> ignored_flag_warnings(const CLI::App& cmd, const mixtrain::RunConfig& r, int cores);
 
 /// Creates the run directory and proves it is writable before any training starts.
 void prepare_out_dir(const std::string& out);

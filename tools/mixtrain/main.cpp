@@ -5,6 +5,7 @@
 #include <mixtrain/testing.h>
 
 #include "flags.h"
+#include "learner_from_flags.h"
 #include "launch.h"
 
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 #include <unistd.h>
 
 using namespace mixtrain_cli;
@@ -37,30 +39,6 @@ void install_stop_handlers() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
-/// Loads the training split the flags ask for; data problems are one-line errors.
-mixtrain::data::DatasetSplit load_split(const mixtrain::RunConfig& r) {
-  auto split = mixtrain::data::fashion_mnist(r.data);
-  if (r.limit > 0) split.train = split.train.head(r.limit);
-  if (split.train.size() < r.bs)
-    throw UsageError("the training set (" + std::to_string(split.train.size()) + " images) is smaller than --bs " +
-                     std::to_string(r.bs));
-  return split;
-}
-
-/// The Learner train and doctor share: the model, data, loss and accuracy the
-/// flags name, with gradient clipping and accumulation when asked for.
-std::unique_ptr<mixtrain::Learner> build_learner(const mixtrain::RunConfig& r, const mixtrain::data::DatasetSplit& split,
-                                                 bool progress) {
-  auto learn = std::make_unique<mixtrain::Learner>(
-      mixtrain::models::by_name(r.model), mixtrain::data::DataLoaders::from_split(split, r.bs, r.seed),
-      mixtrain::cross_entropy(),
-      mixtrain::LearnerOptions().metrics({mixtrain::accuracy()}).progress(progress).wd_bn_bias(r.wd_bn_bias));
-  // Orders 20 and 5: they run after / before the precision callbacks added later, whatever the insertion order.
-  if (r.clip > 0) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(r.clip));
-  if (r.accum > 1) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(r.accum));
-  return learn;
-}
-
 int run_train(TrainArgs a) {
   validate(a, /*check_device=*/true);
   const mixtrain::RunConfig& r = a.run;
@@ -74,6 +52,11 @@ int run_train(TrainArgs a) {
   const auto split = load_split(r);  // data problems are reported before the run directory is created
   std::string checkpoint;
   if (!a.resume.empty()) {
+    if (r.ranks != env.world_size)
+      throw UsageError("cannot resume " + a.out + " with " + std::to_string(env.world_size) + " rank(s): it was trained by " +
+                       std::to_string(r.ranks) + "; resume with: " +
+                       (r.ranks > 1 ? "mixtrain launch --nproc " + std::to_string(r.ranks) + " -- train" : std::string("mixtrain train")) +
+                       " --resume " + a.out);
     checkpoint = mixtrain::callbacks::Checkpointer::latest(a.out);
     if (checkpoint.empty()) throw UsageError("cannot resume " + a.out + ": it holds no checkpoint (no " + a.out + "/latest)");
   } else if (writer) {
@@ -82,7 +65,9 @@ int run_train(TrainArgs a) {
       throw UsageError("--out " + a.out + " already holds checkpoints; continue it with --resume " + a.out +
                        ", or pass --force to start over there");
     prepare_out_dir(a.out);
-    r.write(a.out);
+    mixtrain::RunConfig recorded = r;
+    recorded.ranks = env.world_size;
+    recorded.write(a.out);
   }
 
   std::shared_ptr<mixtrain::distributed::ProcessGroup> group;
@@ -283,10 +268,17 @@ int main(int argc, char** argv) {
         }
         train_args.out = train_args.resume;
         if (threads_given) train_args.run.threads = threads;
+      } else {
+        for (const auto& w : ignored_flag_warnings(*train, train_args.run, static_cast<int>(std::thread::hardware_concurrency())))
+          std::cerr << "mixtrain: warning: " << w << std::endl;
       }
       return run_train(train_args);
     }
-    if (doctor->parsed()) return run_doctor(doctor_args);
+    if (doctor->parsed()) {
+      for (const auto& w : ignored_flag_warnings(*doctor, doctor_args.run, static_cast<int>(std::thread::hardware_concurrency())))
+        std::cerr << "mixtrain: warning: " << w << std::endl;
+      return run_doctor(doctor_args);
+    }
   } catch (const UsageError& e) {
     print_error(e.what());
   } catch (const c10::Error& e) {
