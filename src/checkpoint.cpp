@@ -11,6 +11,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <cstring>
 #include <sstream>
@@ -189,6 +190,13 @@ void Learner::save(const std::string& path) {
 
   std::ostringstream bytes;
   ar.save_to(bytes);
+  // A folder that does not exist yet is made, as the CSV logger does.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    TORCH_CHECK(!ec, "Cannot write ", path, ": cannot create its folder ", parent.string(), " (", ec.message(), ")");
+  }
   write_file_atomically(path, with_header(bytes.str()));
 }
 

@@ -48,6 +48,7 @@ void Recorder::before_fit(Learner& learn) {
 
 void Recorder::before_epoch(Learner& learn) {
   epoch_start_ = now_seconds();
+  epoch_validated_ = false;
   if (learn.resuming()) return;  // continuing an epoch: keep its counts from the checkpoint
   epoch_steps_ = epoch_skipped_ = epoch_samples_ = 0;
   train_seconds_ = 0;
@@ -90,14 +91,22 @@ void Recorder::before_validate(Learner&) {
   metric_sums_.assign(metrics_.size(), 0.0);
 }
 
-void Recorder::after_validate(Learner&) {
+void Recorder::after_validate(Learner& learn) {
+  epoch_validated_ = learn.n_epoch() > 0;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double n = static_cast<double>(valid_count_);
   last_validation_.assign(1, valid_count_ ? valid_loss_sum_ / n : nan);
   for (double s : metric_sums_) last_validation_.push_back(valid_count_ ? s / n : nan);
 }
 
-void Recorder::after_epoch(Learner& learn) {
+void Recorder::after_epoch(Learner& learn) { record_epoch(learn); }
+
+void Recorder::after_fit(Learner& learn) {
+  if (epoch_validated_) record_epoch(learn);
+}
+
+void Recorder::record_epoch(Learner& learn) {
+  epoch_validated_ = false;
   EpochRecord e;
   e.epoch = learn.epoch();
   e.train_loss = smooth_count_ ? smooth_value_ / (1 - std::pow(kSmoothBeta, static_cast<double>(smooth_count_)))

@@ -2,7 +2,10 @@
 // callbacks replacing batch / pred / loss.
 #include "test_util.h"
 
-#include <mixtrain/learner.h>
+#include <mixtrain/mixtrain.h>
+
+#include <fstream>
+#include <sstream>
 
 #include <functional>
 #include <string>
@@ -206,6 +209,49 @@ TEST_F(CallbackTest, CallbacksCanReplaceBatchPredAndLoss) {
   learn2.add_cb(std::make_shared<Override>());
   learn2.fit(1);
   EXPECT_DOUBLE_EQ(learn2.recorder().steps().back().loss, 7.0);
+}
+
+} // namespace
+
+namespace {
+
+using namespace mixtrain;
+
+// Rows of epochs that ran are never lost: a fit cancelled in after_epoch by a
+// callback that runs before the Recorder, an interrupted fit's steps, and a
+// second fit's rows (numbered on, not from 0 again).
+TEST(RecorderRowsTest, EpochsThatRanAlwaysGetTheirRows) {
+  const std::string dir = test::scratch_dir("rows_kept") + "/not/yet/made";  // the logger makes it
+  auto dls = data::DataLoaders::from_split({test::blobs(64), test::blobs(32)}, 16, 1);
+  Learner learn(torch::nn::Linear(4, 3), dls, cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
+  struct StopAfterFirstEpoch : Callback {
+    StopAfterFirstEpoch() { order = 40; }  // before the Recorder (50)
+    void after_epoch(Learner&) override { throw CancelFitException(); }
+  };
+  std::ostringstream table;
+  learn.add_cb(std::make_shared<callbacks::CSVLogger>(dir));
+  learn.add_cb(std::make_shared<callbacks::ProgressCallback>(table, false));
+  learn.fit(3, 1e-2, {std::make_shared<StopAfterFirstEpoch>()});
+  EXPECT_EQ(learn.recorder().values().size(), 1u);
+  EXPECT_NE(table.str().find("\n0 "), std::string::npos) << table.str();
+
+  // An interrupted fit (cancelled mid-epoch) still writes the steps it did.
+  struct StopAtStep : Callback {
+    StopAtStep() { order = 95; }  // after the Recorder, as the Checkpointer's interrupt
+    void after_batch(Learner& l) override {
+      if (l.training() && l.train_iter() == 2) throw CancelFitException();
+    }
+  };
+  learn.fit(2, 1e-2, {std::make_shared<StopAtStep>()});
+  learn.fit(1, 1e-2);  // a second complete fit: its row is epoch 1 in metrics.csv
+  std::ifstream metrics(dir + "/metrics.csv"), steps(dir + "/steps.csv");
+  std::vector<std::string> mrows, srows;
+  for (std::string line; std::getline(metrics, line);) mrows.push_back(line);
+  for (std::string line; std::getline(steps, line);) srows.push_back(line);
+  ASSERT_EQ(mrows.size(), 3u);  // header, the cancelled fit's epoch, the last fit's epoch
+  EXPECT_EQ(mrows[1].rfind("0,", 0), 0u);
+  EXPECT_EQ(mrows[2].rfind("1,", 0), 0u);
+  EXPECT_EQ(srows.size(), 1u + 4 + 2 + 4);  // 4 steps, then the 2 of the interrupted fit, then 4
 }
 
 } // namespace

@@ -317,7 +317,11 @@ TEST_F(CheckpointTest, SaveReplacesAtomicallyAndAnInterruptedSaveLeavesThePrevio
   learn.save(dir + "/ckpt.pt");
   EXPECT_NE(test::read_raw(dir + "/ckpt.pt"), first);
   EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt.pt.tmp." + std::to_string(::getpid())));
-  EXPECT_THROW_WITH(learn.save(dir + "/no/such/dir/ckpt.pt"), "Cannot write " + dir + "/no/such/dir/ckpt.pt");
+  learn.save(dir + "/new/folders/ckpt.pt");  // missing folders are made
+  Learner again = make_learner(Mode::kFp32, 78);
+  again.load(dir + "/new/folders/ckpt.pt");
+  test::expect_bitwise_equal(state_of(again), state_of(learn));
+  EXPECT_THROW_WITH(learn.save(dir + "/ckpt.pt/inside_a_file.pt"), "cannot create its folder " + dir + "/ckpt.pt");
 }
 
 } // namespace

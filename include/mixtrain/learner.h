@@ -157,7 +157,7 @@ class Learner {
   /// RNG states (torch's global generator and the training loader's). Call it
   /// between batches, e.g. from after_batch or after_epoch. The write is atomic:
   /// a temporary file in the same directory, fsync, rename; a crash mid-save
-  /// leaves the previous file intact.
+  /// leaves the previous file intact. Missing folders on the path are created.
   void save(const std::string& path);
   /// Restores a checkpoint written by save(). The next fit, called with the same
   /// number of epochs, continues exactly where the saved one stopped. Throws

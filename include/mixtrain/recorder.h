@@ -74,8 +74,13 @@ class Recorder : public Callback {
   void before_validate(Learner&) override;
   void after_validate(Learner&) override;
   void after_epoch(Learner&) override;
+  /// An epoch whose validation finished gets its row even when a callback that runs
+  /// before the Recorder cancelled the fit in after_epoch.
+  void after_fit(Learner&) override;
 
  private:
+  void record_epoch(Learner& learn);
+  bool epoch_validated_ = false;  // this epoch's validation ran and its row is not written yet
   std::vector<Metric> metrics_;
   std::vector<StepRecord> steps_;
   std::vector<EpochRecord> epochs_;

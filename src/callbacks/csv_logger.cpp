@@ -3,6 +3,7 @@
 #include "mixtrain/learner.h"
 
 #include <cmath>
+#include <filesystem>
 #include <cstring>
 
 namespace mixtrain::callbacks {
@@ -19,6 +20,9 @@ CSVLogger::CSVLogger(std::string dir) : dir_(std::move(dir)) { order = 70; }
 
 void CSVLogger::before_fit(Learner& learn) {
   if (metrics_.is_open()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);  // a folder that does not exist yet is made
+  TORCH_CHECK(!ec, "Cannot create ", dir_, ": ", ec.message());
   open_or_throw(metrics_, dir_ + "/metrics.csv");
   open_or_throw(steps_, dir_ + "/steps.csv");
   metrics_ << "epoch,train_loss,valid_loss";
@@ -27,15 +31,18 @@ void CSVLogger::before_fit(Learner& learn) {
   steps_ << "iter,epoch,loss,smooth_loss,lr,scale,skipped\n";
   // History the Recorder already holds (a resumed run's) is written first, so
   // the files always match the Recorder.
-  for (const auto& e : learn.recorder().values()) write_epoch(e);
-  write_new_steps(learn.recorder());
+  write_new_rows(learn.recorder());
   flush();
 }
 
-void CSVLogger::write_epoch(const EpochRecord& e) {
-  metrics_ << e.epoch << ',' << e.train_loss << ',' << e.valid_loss;
-  for (double m : e.metrics) metrics_ << ',' << m;
-  metrics_ << ',' << e.seconds << '\n';
+void CSVLogger::write_new_rows(const Recorder& rec) {
+  for (; epochs_written_ < rec.values().size(); ++epochs_written_) {
+    const EpochRecord& e = rec.values()[epochs_written_];
+    metrics_ << epochs_written_ << ',' << e.train_loss << ',' << e.valid_loss;
+    for (double m : e.metrics) metrics_ << ',' << m;
+    metrics_ << ',' << e.seconds << '\n';
+  }
+  write_new_steps(rec);
 }
 
 void CSVLogger::write_new_steps(const Recorder& rec) {
@@ -54,8 +61,13 @@ void CSVLogger::flush() {
 }
 
 void CSVLogger::after_epoch(Learner& learn) {
-  write_epoch(learn.recorder().values().back());
-  write_new_steps(learn.recorder());
+  write_new_rows(learn.recorder());
+  flush();
+}
+
+void CSVLogger::after_fit(Learner& learn) {
+  if (!metrics_.is_open()) return;
+  write_new_rows(learn.recorder());
   flush();
 }
 

@@ -34,6 +34,7 @@ ProgressCallback::ProgressCallback() : ProgressCallback(std::cout, ::isatty(STDO
 ProgressCallback::ProgressCallback(std::ostream& out, bool live) : out_(out), live_(live) { order = 60; }
 
 void ProgressCallback::before_fit(Learner& learn) {
+  rows_printed_ = learn.recorder().values().size();  // earlier fits' rows were printed by them
   columns_ = {"epoch", "train_loss", "valid_loss"};
   for (const auto& n : learn.recorder().metric_names()) columns_.push_back(n);
   columns_.push_back("time");
@@ -81,9 +82,14 @@ void ProgressCallback::draw_bar(Learner& learn, bool force) {
   out_ << line << std::flush;
 }
 
-void ProgressCallback::after_epoch(Learner& learn) {
-  if (learn.recorder().values().empty()) return;
-  const EpochRecord& e = learn.recorder().values().back();
+void ProgressCallback::after_epoch(Learner& learn) { print_new_rows(learn); }
+void ProgressCallback::after_fit(Learner& learn) { print_new_rows(learn); }
+
+void ProgressCallback::print_new_rows(Learner& learn) {
+  for (; rows_printed_ < learn.recorder().values().size(); ++rows_printed_) print_row(learn, learn.recorder().values()[rows_printed_]);
+}
+
+void ProgressCallback::print_row(Learner& learn, const EpochRecord& e) {
   std::vector<std::string> cells;
   cells.push_back(std::to_string(e.epoch));
   char buf[32];

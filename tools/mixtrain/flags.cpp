@@ -154,17 +154,21 @@ std::string in_flag_terms(std::string m) {
 std::vector<std::string> ignored_flag_warnings(const CLI::App& cmd, const mixtrain::RunConfig& r, int cores) {
   using mixtrain::Precision;
   std::vector<std::string> out;
+  auto given = [&cmd](const char* flag) {  // doctor lacks the train-only flags
+    const CLI::Option* opt = cmd.get_option_no_throw(flag);
+    return opt != nullptr && opt->count() > 0;
+  };
   const bool scaler = r.precision == Precision::kFp16;
   const bool master = r.precision == Precision::kFp16Master || r.precision == Precision::kBf16Master;
   for (const char* flag : {"--init-scale", "--growth-factor", "--backoff-factor", "--growth-interval"})
-    if (cmd.count(flag) > 0 && !scaler)
+    if (given(flag) && !scaler)
       out.push_back(std::string(flag) + " does nothing with --precision " + mixtrain::precision_name(r.precision) +
                     " (it sets fp16's GradScaler)");
   for (const char* flag : {"--loss-scale", "--max-noskip", "--max-scale", "--flat-master"})
-    if (cmd.count(flag) > 0 && !master)
+    if (given(flag) && !master)
       out.push_back(std::string(flag) + " does nothing with --precision " + mixtrain::precision_name(r.precision) +
                     " (it sets fp16-master/bf16-master)");
-  if (cmd.count("--no-emulation") > 0 && r.precision != Precision::kFp16)
+  if (given("--no-emulation") && r.precision != Precision::kFp16)
     out.push_back("--no-emulation does nothing with --precision " + mixtrain::precision_name(r.precision));
   if (cores > 0 && r.threads > cores)
     out.push_back("--threads " + std::to_string(r.threads) + " is more than this machine's " + std::to_string(cores) +

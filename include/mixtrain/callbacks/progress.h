@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+namespace mixtrain { struct EpochRecord; }
+
 namespace mixtrain::callbacks {
 
 /// Prints the epoch table (epoch, train_loss, valid_loss, metrics, time).
@@ -25,9 +27,13 @@ class ProgressCallback : public Callback {
   void before_validate(Learner& learn) override;
   void after_batch(Learner& learn) override;
   void after_epoch(Learner& learn) override;
+  void after_fit(Learner& learn) override;
 
  private:
   void draw_bar(Learner& learn, bool force);
+  void print_new_rows(Learner& learn);
+  void print_row(Learner& learn, const EpochRecord& e);
+  size_t rows_printed_ = 0;
   std::ostream& out_;
   bool live_;
   std::vector<std::string> columns_;
