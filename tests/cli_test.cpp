@@ -274,6 +274,8 @@ TEST(CliDoctorTest, BadFlagsAreOneLineErrors) {
   expect_usage_error("doctor --precision fp32", "doctor compares fp32 with fp16 or bf16");
   expect_usage_error("doctor --resume runs/x", "--resume");  // not a doctor flag: not expected
   expect_usage_error("doctor --lr 0", "invalid --lr");
+  expect_usage_error("doctor --limit 500 --threads 1",
+                     "too few training steps to judge: 1 (1 epoch(s) of 1 batches); the comparison needs at least 8");
   expect_usage_error("doctor --data /nonexistent", "data directory not found");
 }
 

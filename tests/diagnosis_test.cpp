@@ -152,3 +152,52 @@ TEST(DiagnosisTest, JsonHasVerdictEvidenceAndFixes) {
 }
 
 } // namespace
+
+namespace {
+
+// `doctor --lr 10`: fp32 itself diverges (validation loss in the thousands) while its
+// smoothed train loss still ends below the start. That is broken_in_fp32, not underflow.
+TEST(DiagnosisBaselineTest, AnFp32BaselineThatDivergesOrSitsAtChanceIsBroken) {
+  Evidence e = healthy_pair();
+  e.fp32->final_loss = 2.0;   // the smoothed train loss fell a little...
+  e.fp32->valid_loss = 4870;  // ...but validation exploded
+  e.mixed->final_loss = e.mixed->valid_loss = 9000;
+  Diagnosis d = decide(e);
+  EXPECT_EQ(d.verdict, Verdict::kBrokenInFp32);
+  EXPECT_TRUE(contains(d.findings, "validation loss 4870, more than 3x its starting train loss 2.3")) << d.report();
+
+  Evidence chance = healthy_pair();
+  chance.fp32->metric_names = {"accuracy"};
+  chance.fp32->metrics = {0.11};
+  chance.fp32->chance_accuracy = 0.1;
+  d = decide(chance);
+  EXPECT_EQ(d.verdict, Verdict::kBrokenInFp32);
+  EXPECT_TRUE(contains(d.findings, "at chance: validation accuracy 0.11 against 0.1")) << d.report();
+
+  Evidence fine = healthy_pair();
+  fine.fp32->metric_names = fine.mixed->metric_names = {"accuracy"};
+  fine.fp32->metrics = fine.mixed->metrics = {0.8};
+  fine.fp32->chance_accuracy = 0.1;
+  EXPECT_EQ(decide(fine).verdict, Verdict::kHealthy);
+}
+
+// `doctor --init-scale 1e30`: 16 of 16 steps skipped while the scale backs off; no
+// flushes. Not underflow: the start was far too high, and the numbers say so.
+TEST(DiagnosisBaselineTest, AScaleStillBackingOffFromAFarTooHighStartIsSaidPlainly) {
+  Evidence e = healthy_pair();
+  ScaleAnalysis& s = e.mixed->scale;
+  s.steps = s.skipped = s.settling_steps = s.longest_skip_run = s.backoffs = 16;
+  s.skip_rate = 1.0;
+  s.initial_scale = 1e30;
+  s.final_scale = s.min_scale = 3.05e25;
+  s.settled_scale = 0;  // no step succeeded
+  const Diagnosis d = decide(e);
+  EXPECT_EQ(d.verdict, Verdict::kGradientOverflow) << d.report();
+  EXPECT_NE(d.headline.find("initial loss scale 1e+30 is far too high"), std::string::npos) << d.headline;
+  EXPECT_TRUE(contains(d.findings, "it started at 1e+30 and was 3.05e+25 at the last step")) << d.report();
+  EXPECT_TRUE(contains(d.findings, "about 69 more steps")) << d.report();  // log2(3.05e25 / 65536) = 68.4
+  EXPECT_NE(d.fixes.at(0).find("start the scaler lower"), std::string::npos);
+  EXPECT_EQ(d.report().find(" to 0"), std::string::npos) << d.report();
+}
+
+} // namespace

@@ -67,3 +67,35 @@ TEST(SvgPlotTest, ScaleHistoryMarksEverySkippedStep) {
 }
 
 } // namespace
+
+namespace {
+
+// The doctor's loss chart: the mixed line is dashed (it lies on the fp32 line in a
+// healthy run), epochs are marked, and the title's gap has the report's precision.
+TEST(LossChartTest, MixedLineIsDashedEpochsAreMarkedAndTheGapIsNotRoundedAway) {
+  using namespace mixtrain::diagnose;
+  auto run = [](const std::string& p, double end) {
+    RunEvidence r;
+    r.precision = p;
+    for (int i = 0; i < 12; ++i) {
+      r.losses.push_back(2.0 - 0.1 * i);
+      r.smooth_losses.push_back(2.0 - 0.1 * i);
+      r.epochs.push_back(i / 4);
+    }
+    r.first_loss = 2.0;
+    r.final_loss = r.valid_loss = end;
+    return r;
+  };
+  Evidence e;
+  e.fp32 = run("fp32", 0.5);
+  e.mixed = run("fp16", 0.4998);  // -0.04%
+  const std::string svg = loss_curves_svg(e);
+  EXPECT_NE(svg.find("stroke-dasharray=\"6,4\""), std::string::npos);
+  size_t guides = 0;
+  for (size_t at = svg.find("stroke-dasharray=\"2,3\""); at != std::string::npos; at = svg.find("stroke-dasharray=\"2,3\"", at + 1))
+    ++guides;
+  EXPECT_EQ(guides, 2u);  // 3 epochs: 2 boundaries
+  EXPECT_NE(svg.find("final gap -0.04%"), std::string::npos) << svg.substr(0, 600);
+}
+
+} // namespace

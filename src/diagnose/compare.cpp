@@ -25,6 +25,7 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
     r.smooth_losses.push_back(s.smooth_loss);
     r.scales.push_back(s.scale);
     r.skipped.push_back(s.skipped);
+    r.epochs.push_back(s.epoch);
   }
   const size_t head = std::min<size_t>(5, r.losses.size());
   if (head > 0) r.first_loss = std::accumulate(r.losses.begin(), r.losses.begin() + head, 0.0) / head;
@@ -35,6 +36,9 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
     r.metrics = last.metrics;
   }
   r.metric_names = learn.recorder().metric_names();
+  const torch::Tensor& y = learn.dls().valid.dataset().y;
+  if (y.defined() && y.dim() == 1 && !y.is_floating_point() && y.numel() > 0)
+    r.chance_accuracy = 1.0 / static_cast<double>(y.max().item<int64_t>() + 1);
   r.scale = analyze_scale_history(steps);
   if (auto pc = learn.precision_cb()) r.emulated = pc->emulated();
   return r;
@@ -70,6 +74,12 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   torch::manual_seed(o.seed());
   std::unique_ptr<Learner> baseline = make_learner();
   TORCH_CHECK(baseline, "diagnose::compare: the learner factory returned nothing");
+  // Judging needs a loss at the start (the mean of the first 5 steps) and one at the
+  // end that are not the same steps.
+  const int64_t steps = o.epochs() * baseline->dls().train.num_batches();
+  TORCH_CHECK(steps >= kMinCompareSteps, "too few training steps to judge: ", steps, " (", o.epochs(), " epoch(s) of ",
+              baseline->dls().train.num_batches(), " batches); the comparison needs at least ", kMinCompareSteps,
+              ": more training data, more epochs or a smaller batch size");
   ev.inputs = check_inputs(baseline->dls().train.dataset().x);
 
   // D first: nothing else needs to run when the precision cannot.

@@ -122,16 +122,30 @@ Diagnosis decide(Evidence e) {
   // The fp32 baseline first: if it fails, fp16 is not the cause.
   if (base) {
     const bool nonfinite = base->scale.nonfinite_losses > 0 || !std::isfinite(base->final_loss);
-    const bool learned = std::isfinite(base->first_loss) && std::isfinite(base->final_loss) &&
-                         base->final_loss < base->first_loss;
+    const bool loss_fell = std::isfinite(base->first_loss) && std::isfinite(base->final_loss) &&
+                           base->final_loss < base->first_loss;
+    // A NaN validation loss means no validation ran (unknown), an inf one diverged.
+    const bool valid_far_above = std::isfinite(base->first_loss) && base->valid_loss > kValidLossFarAbove * base->first_loss;
+    double accuracy = std::numeric_limits<double>::quiet_NaN();
+    for (size_t i = 0; i < base->metric_names.size() && i < base->metrics.size(); ++i)
+      if (base->metric_names[i] == "accuracy") accuracy = base->metrics[i];
+    const bool at_chance = std::isfinite(accuracy) && std::isfinite(base->chance_accuracy) &&
+                           accuracy <= kChanceAccuracyFactor * base->chance_accuracy;
+    const bool learned = loss_fell && !valid_far_above && !at_chance;
     if (nonfinite || !learned) {
       add_input_findings(e, d.findings);
       if (nonfinite)
         d.findings.push_back("the fp32 baseline fails too: " + std::to_string(base->scale.nonfinite_losses) +
                              " NaN/Inf losses, the first at step " + std::to_string(base->scale.first_nonfinite_step));
-      else
+      else if (!loss_fell)
         d.findings.push_back("the fp32 baseline does not learn: loss " + short_number(base->first_loss) + " -> " +
                              short_number(base->final_loss));
+      if (!nonfinite && valid_far_above)
+        d.findings.push_back("the fp32 baseline diverges: validation loss " + short_number(base->valid_loss) + ", more than " +
+                             short_number(kValidLossFarAbove) + "x its starting train loss " + short_number(base->first_loss));
+      if (!nonfinite && at_chance)
+        d.findings.push_back("the fp32 baseline is at chance: validation accuracy " + short_number(accuracy) + " against " +
+                             short_number(base->chance_accuracy) + " for a guess");
       std::vector<std::string> fixes{"fix the model or the data first: fp16 is not the cause (fp32 fails the same way)"};
       if (e.inputs && e.inputs->nonfinite) fixes.push_back("remove or impute the NaN/Inf values in the inputs");
       if (e.inputs && e.inputs->unnormalized) fixes.push_back("normalize the inputs (mean 0, std 1)");
@@ -165,6 +179,32 @@ Diagnosis decide(Evidence e) {
     return finish(Verdict::kForwardOverflow, "forward_overflow: an fp16 activation overflows in the forward pass" +
                                                  (overflow ? " at " + overflow->where() : std::string()),
                   fixes);
+  }
+
+  // B': (almost) every step skipped while the scale was still backing off from a start
+  // far too high: not underflow, and not a model whose gradients overflow at any scale.
+  if (s && s->has_scale && !s->collapsed && s->skip_rate >= kSkipRateAlmostAll &&
+      s->settling_steps >= static_cast<int64_t>(kSkipRateAlmostAll * static_cast<double>(s->steps))) {
+    // A workable scale: what the measured gradients leave room for, else torch's default.
+    double workable = 65536;
+    if (e.gradients) {
+      double largest = 0;
+      for (const auto& p : e.gradients->params) largest = std::max(largest, p.max_abs);
+      if (largest > 0) workable = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
+    }
+    const double last = s->final_scale;
+    const int64_t more = last > workable ? static_cast<int64_t>(std::ceil(std::log2(last / workable))) : 0;
+    d.findings.push_back(std::to_string(s->skipped) + " of " + std::to_string(s->steps) +
+                         " steps skipped while the loss scale was still backing off: it started at " +
+                         short_number(s->initial_scale) + " and was " + short_number(last) + " at the last step");
+    if (more > 0)
+      d.findings.push_back("halving once per skipped step, it would need about " + std::to_string(more) +
+                           " more steps to reach a workable scale (" + short_number(workable) + ")");
+    return finish(Verdict::kGradientOverflow,
+                  "gradient_overflow: the initial loss scale " + short_number(s->initial_scale) +
+                      " is far too high; the back-off never reached a workable scale in this run",
+                  {"start the scaler lower: GradScalerOptions().init_scale(" + short_number(workable) + ")",
+                   "or train longer: the back-off settles by itself after about " + std::to_string(more) + " more steps"});
   }
 
   // B: gradients keep overflowing; the back-off cannot outrun them.

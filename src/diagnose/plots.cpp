@@ -17,19 +17,26 @@ std::vector<double> steps_axis(size_t n) {
 
 std::string loss_curves_svg(const Evidence& e) {
   std::vector<PlotSeries> series;
-  auto add = [&](const RunEvidence& r, const std::string& color, const std::string& faint) {
-    series.push_back({"", steps_axis(r.losses.size()), r.losses, faint, true, false});
-    series.push_back({r.precision + " (smoothed)", steps_axis(r.smooth_losses.size()), r.smooth_losses, color, true, false});
+  // The mixed run is dashed: in a healthy run it lies on the fp32 line and would hide it.
+  auto add = [&](const RunEvidence& r, const std::string& color, const std::string& faint, bool dashed) {
+    series.push_back({"", steps_axis(r.losses.size()), r.losses, faint, true, false, false});
+    series.push_back({r.precision + " (smoothed)" + (dashed ? ", dashed" : ""), steps_axis(r.smooth_losses.size()),
+                      r.smooth_losses, color, true, false, dashed});
   };
-  if (e.fp32) add(*e.fp32, "#1f77b4", "#c6dbef");
-  if (e.mixed) add(*e.mixed, "#ff7f0e", "#fdd0a2");
+  if (e.fp32) add(*e.fp32, "#1f77b4", "#c6dbef", false);
+  if (e.mixed) add(*e.mixed, "#ff7f0e", "#fdd0a2", true);
   std::string title = "Training loss: fp32 vs " + (e.mixed ? e.mixed->precision : std::string("mixed precision"));
   if (auto gap = e.gap_percent()) {
     char buf[64];
-    std::snprintf(buf, sizeof(buf), " (final gap %+.1f%%)", *gap);
+    std::snprintf(buf, sizeof(buf), " (final gap %+.2g%%)", *gap);  // two significant digits, as the report
     title += buf;
   }
-  return line_plot_svg(series, {title, "step (faint lines: per-batch loss)", "loss", false});
+  PlotOptions o{title, "step (faint lines: per-batch loss; dotted: epoch boundaries)", "loss", false};
+  const RunEvidence* r = e.fp32 ? &*e.fp32 : e.mixed ? &*e.mixed : nullptr;
+  if (r)
+    for (size_t i = 1; i < r->epochs.size(); ++i)
+      if (r->epochs[i] != r->epochs[i - 1]) o.vlines.push_back(static_cast<double>(i) - 0.5);
+  return line_plot_svg(series, o);
 }
 
 std::string scale_history_svg(const RunEvidence& r) {
@@ -42,8 +49,8 @@ std::string scale_history_svg(const RunEvidence& r) {
       ++n_skipped;
     }
   std::vector<PlotSeries> series{
-      {"loss scale", x, r.scales, "#2ca02c", true, false},
-      {"skipped step (" + std::to_string(n_skipped) + ")", x, skipped_y, "#d62728", false, true}};
+      {"loss scale", x, r.scales, "#2ca02c", true, false, false},
+      {"skipped step (" + std::to_string(n_skipped) + ")", x, skipped_y, "#d62728", false, true, false}};
   return line_plot_svg(series, {"Loss-scale history (" + r.precision + ")", "step", "loss scale", true});
 }
 

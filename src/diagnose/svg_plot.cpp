@@ -121,6 +121,12 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     svg << "<text x=\"" << left + pw / 2 << "\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" font-size=\"14\" "
         << "fill=\"#888\">no data</text>\n";
 
+  // Vertical guides (epoch boundaries) under the series.
+  for (double v : o.vlines)
+    if (std::isfinite(v) && v >= x0 && v <= x1)
+      svg << "<line x1=\"" << px(v) << "\" y1=\"" << top << "\" x2=\"" << px(v) << "\" y2=\"" << top + ph
+          << "\" stroke=\"#999\" stroke-width=\"1\" stroke-dasharray=\"2,3\"/>\n";
+
   // Series: polylines broken at unusable points, then markers.
   for (const auto& s : series) {
     const size_t n = std::min(s.x.size(), s.y.size());
@@ -130,8 +136,8 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
       size_t in_run = 0;
       auto flush = [&] {
         if (in_run > 1)
-          svg << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.6\" points=\"" << pts.str()
-              << "\"/>\n";
+          svg << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.6\""
+              << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << " points=\"" << pts.str() << "\"/>\n";
         pts.str("");
         in_run = 0;
       };

@@ -17,6 +17,10 @@ class Learner;
 
 namespace mixtrain::diagnose {
 
+/// The fewest training steps per run that compare() judges: the start loss is the
+/// mean of the first 5 steps, and the end must be measured after them.
+constexpr int64_t kMinCompareSteps = 8;
+
 /// Builds a fresh Learner (model, data, loss) in fp32. compare() calls it twice;
 /// the second model's weights are overwritten with the first one's initial
 /// weights, and both see the same data order when the loaders are seeded.

@@ -36,6 +36,15 @@ constexpr double kSkipRateProblem = 0.05;
 constexpr double kSkipRateMost = 0.5;
 /// Fraction of nonzero gradient elements flushing to zero that makes underflow the verdict by itself.
 constexpr double kUnderflowProblem = 0.5;
+/// The fp32 baseline fails to learn (broken_in_fp32, whatever the mixed run did) when
+/// its final train loss is not below its start (the mean of its first 5 step losses),
+/// or its validation loss ends above kValidLossFarAbove times that start, or its
+/// validation accuracy is at most kChanceAccuracyFactor times chance (1 / classes).
+constexpr double kValidLossFarAbove = 3.0;
+constexpr double kChanceAccuracyFactor = 1.5;
+/// At least this share of the steps skipped while the scale was still backing off
+/// from its start (no step succeeded before): the initial scale is far too high.
+constexpr double kSkipRateAlmostAll = 0.9;
 
 /// One run of the A/B pair, as the Recorder saw it.
 struct RunEvidence {
@@ -45,6 +54,10 @@ struct RunEvidence {
   std::vector<double> smooth_losses;
   std::vector<double> scales;     ///< per step (NaN without a scaler)
   std::vector<bool> skipped;
+  std::vector<int64_t> epochs;    ///< per step: the epoch it belongs to
+  /// 1 / number of classes when the targets are class indices (NaN otherwise):
+  /// accuracy at or near it means the model learned nothing.
+  double chance_accuracy = std::numeric_limits<double>::quiet_NaN();
   double first_loss = std::numeric_limits<double>::quiet_NaN();  ///< mean of the first (up to 5) step losses
   double final_loss = std::numeric_limits<double>::quiet_NaN();  ///< last epoch's train loss (smoothed)
   double valid_loss = std::numeric_limits<double>::quiet_NaN();

@@ -14,6 +14,7 @@ struct PlotSeries {
   std::string color = "#1f77b4";
   bool line = true;            ///< draw a polyline through the points
   bool markers = false;        ///< draw a marker at each point
+  bool dashed = false;         ///< a dashed line, so that a series drawn over another leaves it visible
 };
 
 struct PlotOptions {
@@ -21,6 +22,7 @@ struct PlotOptions {
   std::string x_label;
   std::string y_label;
   bool log2_y = false;  ///< logarithmic y axis with ticks at powers of two (loss scales)
+  std::vector<double> vlines;  ///< x positions of thin vertical guides (epoch boundaries)
   int width = 880;
   int height = 380;
 };
