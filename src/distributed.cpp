@@ -104,8 +104,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const Env& env, std::chrono:
     options->threads = 2;
     impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, env.rank, env.world_size, options);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "rank ", env.rank, " could not join the process group at ", env.master_addr, ":",
-                env.master_port, " within ", timeout.count() / 1000.0, " s: ", detail::first_line(e.what()));
+    TORCH_CHECK(false, "rank ", env.rank, " could not reach the rendezvous at ", env.master_addr, ":", env.master_port,
+                " (rank 0 hosts it) within ", timeout.count() / 1000.0,
+                " s: is rank 0 running, and is MASTER_ADDR its address? (", detail::first_line(e.what()), ")");
   }
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }

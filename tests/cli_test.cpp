@@ -195,6 +195,8 @@ TEST(CliTest, InterruptAtARandomBatchThenResumeIsBitwiseEqual) {
     // The resumed run's logs hold the whole history.
     const std::string steps = slurp(cut + "/steps.csv");
     EXPECT_EQ(std::count(steps.begin(), steps.end(), '\n'), 1 + 32);
+    // Finished: a second --resume would retrain from the interrupted checkpoint; it is refused.
+    expect_usage_error("train --resume " + cut, "the run finished its 2 epoch(s); there is nothing to continue");
   }
 }
 
@@ -474,9 +476,9 @@ TEST(CliRoughEdgesTest, FlagsThatDoNothingInTheChosenModeAreWarned) {
   EXPECT_NE(fp32.err.find("mixtrain: warning: --init-scale does nothing with --precision fp32"), std::string::npos) << fp32.err;
   const CliResult bf16 = run_cli(base + " --precision bf16 --loss-scale 8 --force");
   EXPECT_NE(bf16.err.find("mixtrain: warning: --loss-scale does nothing with --precision bf16"), std::string::npos) << bf16.err;
-  const CliResult threads = run_cli("train --data " + dir + " --bs 16 --model mlp --threads 4096 --out " +
+  const CliResult threads = run_cli("train --data " + dir + " --bs 16 --model mlp --threads 64 --out " +
                                     test::scratch_dir("cli_warn_threads"));
-  EXPECT_NE(threads.err.find("--threads 4096 is more than this machine's"), std::string::npos) << threads.err;
+  EXPECT_NE(threads.err.find("--threads 64 is more than this machine's"), std::string::npos) << threads.err;
   const CliResult quiet = run_cli(base + " --precision fp16 --init-scale 256 --force");
   EXPECT_EQ(quiet.err.find("warning"), std::string::npos) << quiet.err;
 }
@@ -500,6 +502,32 @@ TEST(CliRoughEdgesTest, ALaunchWhereARankGetsNoBatchIsRefused) {
                               test::scratch_dir("cli_launch_small_out"));
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_NE(r.out.find("(64 images, 32 per rank of 2) is smaller than --bs 48"), std::string::npos) << r.out << r.err;
+}
+
+} // namespace
+
+namespace {
+
+// A rank whose MASTER_ADDR nobody listens on gives up after --timeout with one line
+// naming the address it could not reach (not libtorch's message after 60 s).
+TEST(CliRoughEdgesTest, AnUnreachableRendezvousIsNamedAfterTheTimeout) {
+  const std::string dir = test::fake_fashion_dir("cli_rendezvous", 64, 32);
+  const std::string err = std::string(MIXTRAIN_TEST_TMP) + "/rendezvous.err";
+  const int port = launch_port();
+  const std::string cmd = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                          " WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 " + MIXTRAIN_CLI_PATH + " train --data " + dir +
+                          " --bs 16 --model mlp --threads 1 --timeout 2 >/dev/null 2>" + err;
+  const auto start = std::chrono::steady_clock::now();
+  const int status = std::system(cmd.c_str());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_LT(seconds, 30);
+  const std::string text = slurp(err);
+  EXPECT_NE(text.find("rank 1 could not reach the rendezvous at 127.0.0.1:" + std::to_string(port) + " (rank 0 hosts it) within 2 s"),
+            std::string::npos) << text;
+  // Our line is the last one, whole (libtorch's glog may log its socket timeout before it).
+  const std::string last = text.substr(text.rfind('\n', text.size() - 2) + 1);
+  EXPECT_EQ(last.rfind("mixtrain: error: rank 1 could not reach the rendezvous", 0), 0u) << text;
 }
 
 } // namespace

@@ -100,6 +100,10 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
   cmd.add_option("--comm-dtype", r.comm_dtype,
                  "Data parallel (under mixtrain launch / torchrun): dtype gradients travel in, fp32 or fp16 (half the traffic)")
       ->capture_default_str();
+  cmd.add_option("--timeout", a.timeout,
+                 "Data parallel: seconds to wait for the other ranks, at the rendezvous and in every collective")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   // Testing aids (mixtrain/testing.h), hidden from --help.
   cmd.add_option("--interrupt-at-step", a.interrupt_at_step)->group("");
   cmd.add_option("--abort-at-step", a.abort_at_step)->group("");

@@ -29,6 +29,7 @@ struct TrainArgs {
   int64_t interrupt_at_step = -1;        // testing aid: raise SIGINT after this training step
   int64_t abort_at_step = -1;            // testing aid: the last rank aborts after this step
   int64_t inject_overflow_at_step = -1;  // testing aid: the last rank's gradients get an inf at this step
+  double timeout = 60;                   // data parallel: seconds to wait for the other ranks
 };
 
 /// Adds the flags `train` takes to `cmd`; `doctor` takes the same minus the

@@ -13,7 +13,9 @@
 
 #include <atomic>
 #include <csignal>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <thread>
 #include <unistd.h>
@@ -65,13 +67,15 @@ int run_train(TrainArgs a) {
       throw UsageError("--out " + a.out + " already holds checkpoints; continue it with --resume " + a.out +
                        ", or pass --force to start over there");
     prepare_out_dir(a.out);
+    std::remove((a.out + "/finished").c_str());  // a new run (--force) in an old run's folder
     mixtrain::RunConfig recorded = r;
     recorded.ranks = env.world_size;
     recorded.write(a.out);
   }
 
   std::shared_ptr<mixtrain::distributed::ProcessGroup> group;
-  if (env.active()) group = mixtrain::distributed::ProcessGroup::connect(env);
+  if (env.active())
+    group = mixtrain::distributed::ProcessGroup::connect(env, std::chrono::milliseconds(static_cast<int64_t>(a.timeout * 1000)));
 
   const std::unique_ptr<mixtrain::Learner> learner = build_learner(r, split, writer);
   mixtrain::Learner& learn = *learner;
@@ -137,6 +141,8 @@ int run_train(TrainArgs a) {
     std::printf("rank %d: parameters and buffers crc32 %08x, skipped %lld, gradient all-reduce %.1f ms/step\n", env.rank,
                 learn.model().state_crc32(), static_cast<long long>(learn.recorder().skipped_steps()),
                 1000 * data_parallel->comm_seconds() / std::max<int64_t>(1, data_parallel->comm_steps()));
+  // A finished run is not resumable into a retrain from an older checkpoint.
+  if (writer) mixtrain::write_file_atomically(a.out + "/finished", "finished after " + std::to_string(r.epochs) + " epoch(s)\n");
   if (writer)
     std::printf("valid accuracy %.4f, valid loss %.4f; run written to %s\n", last.metrics.at(0), last.valid_loss,
                 a.out.c_str());
@@ -267,6 +273,9 @@ int main(int argc, char** argv) {
           throw UsageError("cannot resume " + train_args.resume + ": " + e.msg());
         }
         train_args.out = train_args.resume;
+        if (std::ifstream(train_args.out + "/finished"))  // checked first: nothing else needs to run
+          throw UsageError("cannot resume " + train_args.out + ": the run finished its " +
+                           std::to_string(train_args.run.epochs) + " epoch(s); there is nothing to continue");
         if (threads_given) train_args.run.threads = threads;
       } else {
         for (const auto& w : ignored_flag_warnings(*train, train_args.run, static_cast<int>(std::thread::hardware_concurrency())))
