@@ -10,6 +10,7 @@ PACKAGES=(
   libgloo-dev                         # headers libtorch's c10d Gloo process group includes (mixtrain::distributed)
   dataset-fashion-mnist
   zlib1g-dev libgtest-dev
+  iproute2                            # network namespaces for the 2-node launch test
   libcli11-dev nlohmann-json3-dev libfmt-dev
   clang-14 libclang-rt-14-dev          # the ASan+UBSan build and libFuzzer (make sanitize, make fuzz)
   python3-torch                        # exports TorchScript test models and runs the Python comparison scripts

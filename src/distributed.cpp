@@ -61,8 +61,9 @@ struct ProcessGroup::Impl {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "distributed ", what, " failed on rank ", rank, " (a peer died or timed out): ",
-                  detail::first_line(e.what()));
+      const std::string lost = world == 2 ? "rank " + std::to_string(1 - rank) : "another rank";
+      TORCH_CHECK(false, "distributed ", what, " failed on rank ", rank, ": lost ", lost,
+                  " (it died, or did not answer within the timeout): ", detail::first_line(e.what()));
     }
   }
 

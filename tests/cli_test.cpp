@@ -531,3 +531,79 @@ TEST(CliRoughEdgesTest, AnUnreachableRendezvousIsNamedAfterTheTimeout) {
 }
 
 } // namespace
+
+namespace {
+
+/// Two "machines" on this one: network namespaces joined by a veth pair, private
+/// addresses inside them only. Removed (with the veth) when the test ends.
+struct TwoNodes {
+  std::string a, b, va, vb;
+  bool ok = false;
+  TwoNodes() {
+    const std::string id = std::to_string(::getpid() % 100000);
+    a = "mtA" + id, b = "mtB" + id, va = "mtva" + id, vb = "mtvb" + id;
+    const std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add " + va +
+                              " type veth peer name " + vb + " && ip link set " + va + " netns " + a +
+                              " && ip link set " + vb + " netns " + b + " && ip -n " + a + " addr add 10.231.0.1/24 dev " +
+                              va + " && ip -n " + b + " addr add 10.231.0.2/24 dev " + vb + " && ip -n " + a +
+                              " link set " + va + " up && ip -n " + b + " link set " + vb + " up && ip -n " + a +
+                              " link set lo up && ip -n " + b + " link set lo up";
+    ok = std::system((setup + " >/dev/null 2>&1").c_str()) == 0;
+  }
+  ~TwoNodes() {
+    if (!ok) return;
+    for (const std::string& ns : {a, b})  // nothing outlives the test: its processes, then the namespace
+      std::system(("ip netns pids " + ns + " | xargs -r kill -9; ip netns del " + ns + " 2>/dev/null").c_str());
+  }
+  /// The launch command for node `rank` (0 in namespace a, 1 in b), output to `log`.
+  std::string node(int rank, int port, const std::string& train, const std::string& log) const {
+    return "ip netns exec " + (rank == 0 ? a : b) + " env GLOO_SOCKET_IFNAME=" + (rank == 0 ? va : vb) + " " +
+           MIXTRAIN_CLI_PATH + " launch --nproc 1 --nnodes 2 --node-rank " + std::to_string(rank) +
+           " --master-addr 10.231.0.1 --master-port " + std::to_string(port) + " -- train " + train + " >" + log +
+           " 2>&1";
+  }
+};
+
+std::string crc_of(const std::string& log) {
+  const std::string text = slurp(log);
+  const auto at = text.find("buffers crc32 ");
+  return at == std::string::npos ? "" : text.substr(at + 14, 8);
+}
+
+// A real 2-node run on one machine: each node in its own network namespace, the
+// rendezvous and Gloo over the veth. The nodes end bitwise identical; killing one
+// node mid-run ends the other within seconds, naming the lost rank.
+TEST(CliMultiNodeTest, TwoNodesEndIdenticalAndALostNodeIsNamedWithinSeconds) {
+  TwoNodes net;
+  if (!net.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  const std::string dir = test::fake_fashion_dir("cli_multinode", 64, 32);
+  const std::string tmp = std::string(MIXTRAIN_TEST_TMP);
+  const std::string train = "--data " + dir + " --bs 16 --model mlp --threads 1 --timeout 20";
+  int port = launch_port();
+  const std::string log0 = tmp + "/node0.log", log1 = tmp + "/node1.log";
+  ASSERT_EQ(std::system(("(" + net.node(0, port, train + " --out " + tmp + "/multinode_out", log0) + ") & " +
+                         net.node(1, port, train, log1) + "; wait").c_str()),
+            0)
+      << slurp(log0) << slurp(log1);
+  EXPECT_EQ(crc_of(log0).size(), 8u) << slurp(log0);
+  EXPECT_EQ(crc_of(log0), crc_of(log1)) << slurp(log0) << slurp(log1);
+
+  // A long run; node 1 dies (every process in its namespace, SIGKILL) after 3 s.
+  port = launch_port() + 1;
+  const std::string long_run = train + " --epochs 1000";
+  const std::string done = tmp + "/node0.done";
+  std::filesystem::remove(done);
+  std::system(("(" + net.node(0, port, long_run + " --force --out " + tmp + "/multinode_long", log0) + "; echo $? >" +
+               done + ") & (" + net.node(1, port, long_run, log1) + ") & sleep 3; ip netns pids " + net.b +
+               " | xargs -r kill -9")
+                  .c_str());
+  const auto killed = std::chrono::steady_clock::now();
+  while (!std::filesystem::exists(done) && std::chrono::steady_clock::now() - killed < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_LT(seconds, 10.0) << "node 0 took " << seconds << " s to notice";
+  EXPECT_NE(slurp(done), "0\n");
+  EXPECT_NE(slurp(log0).find("lost rank 1"), std::string::npos) << slurp(log0);
+}
+
+} // namespace

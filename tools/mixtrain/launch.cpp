@@ -1,5 +1,7 @@
 #include "launch.h"
 
+#include "flags.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -61,6 +63,33 @@ bool pump(int rank, Rank& r) {
 
 } // namespace
 
+CLI::App* add_launch_subcommand(CLI::App& app, LaunchOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "launch", "Run N local ranks of a data-parallel job: mixtrain launch --nproc N [--master-port P] "
+                "[--master-addr A] [--nnodes M --node-rank I] -- train [train flags]. Ctrl-C stops every rank at the "
+                "same batch; rank 0 saves a checkpoint and the launch exits 130. --bs is per rank");
+  cmd->add_option("--nproc", o.nproc, "Ranks to start on this machine (1 to 256)")->check(CLI::Range(1, 256))->required();
+  cmd->add_option("--master-port", o.master_port, "Port of the rendezvous store rank 0 hosts")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  cmd->add_option("--master-addr", o.master_addr, "Address of rank 0's machine")->capture_default_str();
+  cmd->add_option("--nnodes", o.nnodes, "Machines in the job (torchrun's name; each runs this command)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--node-rank", o.node_rank, "This machine's index, 0 to nnodes-1")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  return cmd;
+}
+
+void check_launch(const LaunchOptions& o, const std::vector<std::string>& command) {
+  if (command.empty() || command[0] != "train")
+    throw UsageError("launch runs 'train': mixtrain launch --nproc N [--master-port P] -- train [flags]");
+  if (o.node_rank >= o.nnodes)
+    throw UsageError("invalid --node-rank " + std::to_string(o.node_rank) + ": must be below --nnodes " +
+                     std::to_string(o.nnodes));
+}
+
 int launch(const std::string& exe, const std::vector<std::string>& args, const LaunchOptions& o) {
   std::vector<Rank> ranks(o.nproc);
   g_children.assign(o.nproc, -1);
@@ -89,9 +118,9 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
       ::dup2(fds[1], STDERR_FILENO);
       ::close(fds[0]);
       ::close(fds[1]);
-      ::setenv("RANK", std::to_string(k).c_str(), 1);
+      ::setenv("RANK", std::to_string(o.node_rank * o.nproc + k).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(k).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(o.nnodes * o.nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
       std::vector<char*> argv;
@@ -141,7 +170,7 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
       ::poll(pfds.data(), pfds.size(), 100);
       for (size_t i = 0; i < pfds.size(); ++i)
         if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))
-          if (!pump(owner[i], ranks[owner[i]])) {
+          if (!pump(o.node_rank * o.nproc + owner[i], ranks[owner[i]])) {
             ::close(ranks[owner[i]].fd);
             ranks[owner[i]].fd = -1;
           }
@@ -165,7 +194,8 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
       if (r.code != 0 && r.code != kExitInterrupted && first_failure < 0) {
         first_failure = k;
         if (running() > 0) {
-          std::cerr << "mixtrain launch: rank " << k << " exited with code " << r.code << "; stopping the other ranks"
+          std::cerr << "mixtrain launch: rank " << o.node_rank * o.nproc + k << " exited with code " << r.code
+                    << "; stopping the other ranks"
                     << std::endl;
           for (const auto& other : ranks)
             if (other.running) ::kill(other.pid, SIGTERM);
@@ -185,7 +215,8 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
   }
   if (first_failure < 0) return 0;
   const int code = ranks[first_failure].code;
-  std::cerr << "mixtrain launch: failed: rank " << first_failure << " exited with code " << code << std::endl;
+  std::cerr << "mixtrain launch: failed: rank " << o.node_rank * o.nproc + first_failure << " exited with code " << code
+            << std::endl;
   return code;
 }
 

@@ -223,14 +223,7 @@ int main(int argc, char** argv) {
       "scale.svg. Exit 0 healthy, 1 problem found, 2 error");
   add_train_flags(*doctor, doctor_args, /*for_doctor=*/true);
   LaunchOptions launch_options;
-  CLI::App* launch_cmd = app.add_subcommand(
-      "launch", "Run N local ranks of a data-parallel job: mixtrain launch --nproc N [--master-port P] "
-                "[--master-addr A] -- train [train flags]. Ctrl-C stops every rank at the same batch; rank 0 saves "
-                "a checkpoint and the launch exits 130. --bs is per rank");
-  launch_cmd->add_option("--nproc", launch_options.nproc, "Ranks to start (1 to 256)")->check(CLI::Range(1, 256))->required();
-  launch_cmd->add_option("--master-port", launch_options.master_port, "Port of the rendezvous store rank 0 hosts")
-      ->check(CLI::Range(1, 65535))->capture_default_str();
-  launch_cmd->add_option("--master-addr", launch_options.master_addr, "Address of rank 0")->capture_default_str();
+  CLI::App* launch_cmd = add_launch_subcommand(app, launch_options);
 
   // `launch ... -- COMMAND`: CLI11 parses launch's own flags; everything after "--"
   // is the ranks' command, kept out of CLI11's hands.
@@ -254,8 +247,7 @@ int main(int argc, char** argv) {
 
   try {
     if (launch_cmd->parsed()) {
-      if (command.empty() || command[0] != "train")
-        throw UsageError("launch runs 'train': mixtrain launch --nproc N [--master-port P] -- train [flags]");
+      check_launch(launch_options, command);
       return launch("/proc/self/exe", command, launch_options);
     }
     if (train->parsed()) {
