@@ -4,8 +4,10 @@
 
 #include <mixtrain/mixtrain.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <functional>
 #include <string>
@@ -252,6 +254,43 @@ TEST(RecorderRowsTest, EpochsThatRanAlwaysGetTheirRows) {
   EXPECT_EQ(mrows[1].rfind("0,", 0), 0u);
   EXPECT_EQ(mrows[2].rfind("1,", 0), 0u);
   EXPECT_EQ(srows.size(), 1u + 4 + 2 + 4);  // 4 steps, then the 2 of the interrupted fit, then 4
+}
+
+} // namespace
+
+namespace {
+
+// The live bar and the table number epochs the same way (from 0, as fastai's table).
+TEST(ProgressNumberingTest, TheLiveBarAndTheTableNumberEpochsAlike) {
+  auto dls = mixtrain::data::DataLoaders::from_split({test::blobs(64), test::blobs(32)}, 16, 1);
+  mixtrain::Learner learn(torch::nn::Linear(4, 3), dls, mixtrain::cross_entropy(),
+                          mixtrain::LearnerOptions().progress(false));
+  std::ostringstream out;
+  learn.add_cb(std::make_shared<mixtrain::callbacks::ProgressCallback>(out, /*live=*/true));
+  struct Slow : mixtrain::Callback {  // slower than the bar's 0.1 s redraw interval, so it is drawn
+    void after_batch(mixtrain::Learner&) override { std::this_thread::sleep_for(std::chrono::milliseconds(120)); }
+  };
+  learn.add_cb(std::make_shared<Slow>());
+  learn.fit(1, 1e-2);
+  EXPECT_NE(out.str().find("epoch 0 (of 1)"), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("epoch 1/1"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("\033[K0 "), std::string::npos) << out.str();  // the table's row: epoch 0
+}
+
+// `mixtrain --help` lists every subcommand; `doctor --help` lists only the flags doctor takes.
+TEST(ProgressNumberingTest, HelpListsLaunchAndDoctorOnlyItsOwnFlags) {
+  const std::string tmp = std::string(MIXTRAIN_TEST_TMP) + "/help.out";
+  std::filesystem::create_directories(MIXTRAIN_TEST_TMP);
+  ASSERT_EQ(std::system((std::string(MIXTRAIN_CLI_PATH) + " --help >" + tmp + " 2>&1").c_str()), 0);
+  std::ifstream f(tmp);
+  const std::string help((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const char* cmd : {"train", "doctor", "launch"}) EXPECT_NE(help.find(cmd), std::string::npos) << cmd;
+  ASSERT_EQ(std::system((std::string(MIXTRAIN_CLI_PATH) + " doctor --help >" + tmp + " 2>&1").c_str()), 0);
+  std::ifstream g(tmp);
+  const std::string doctor((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+  for (const char* train_only : {"--resume", "--save-every", "--comm-dtype", "--keep", "--force", "--loss-scale"})
+    EXPECT_EQ(doctor.find(train_only), std::string::npos) << train_only;
+  EXPECT_NE(doctor.find("diagnosis.json, loss.svg and scale.svg"), std::string::npos);
 }
 
 } // namespace

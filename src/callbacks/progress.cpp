@@ -75,8 +75,9 @@ void ProgressCallback::draw_bar(Learner& learn, bool force) {
   std::string bar(filled, '#');
   bar.resize(kWidth, '.');
   char line[160];
-  std::snprintf(line, sizeof(line), "\r%s epoch %lld/%lld [%s] %lld/%lld %.1f batch/s ETA %s\033[K",
-                phase_.c_str(), static_cast<long long>(learn.epoch() + 1), static_cast<long long>(learn.n_epoch()),
+  // Epochs are numbered from 0, as in the table's rows (fastai's numbering).
+  std::snprintf(line, sizeof(line), "\r%s epoch %lld (of %lld) [%s] %lld/%lld %.1f batch/s ETA %s\033[K",
+                phase_.c_str(), static_cast<long long>(learn.epoch()), static_cast<long long>(learn.n_epoch()),
                 bar.c_str(), static_cast<long long>(done), static_cast<long long>(total), rate,
                 format_time(eta).c_str());
   out_ << line << std::flush;
