@@ -190,7 +190,9 @@ Diagnosis decide(Evidence e) {
     if (e.gradients) {
       double largest = 0;
       for (const auto& p : e.gradients->params) largest = std::max(largest, p.max_abs);
-      if (largest > 0) workable = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
+      // Unscaled gradients that are themselves inf/NaN leave no room to compute: keep the default.
+      if (std::isfinite(largest) && largest > 0)
+        workable = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
     }
     const double last = s->final_scale;
     const int64_t more = last > workable ? static_cast<int64_t>(std::ceil(std::log2(last / workable))) : 0;

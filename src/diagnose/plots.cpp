@@ -19,7 +19,7 @@ std::string loss_curves_svg(const Evidence& e) {
   std::vector<PlotSeries> series;
   // The mixed run is dashed: in a healthy run it lies on the fp32 line and would hide it.
   auto add = [&](const RunEvidence& r, const std::string& color, const std::string& faint, bool dashed) {
-    series.push_back({"", steps_axis(r.losses.size()), r.losses, faint, true, false, false});
+    series.push_back({"", steps_axis(r.losses.size()), r.losses, faint, true, false, dashed});
     series.push_back({r.precision + " (smoothed)" + (dashed ? ", dashed" : ""), steps_axis(r.smooth_losses.size()),
                       r.smooth_losses, color, true, false, dashed});
   };
