@@ -12,6 +12,10 @@
 //             the same seeded fp16 run (same weights, batches, lr) on --device with real fp16
 //             autocast, and on CPU with mixtrain's fp16 emulation; one JSON line per model with
 //             both per-step loss sequences, their differences and the skipped steps of each.
+//   gpu_bench --doctor-compare [--device cuda|cpu] [--json PATH]
+//             the held-in doctor cases (tests/compare_test.cpp's: healthy, an overflowing layer,
+//             a loss scale of 2^-20, a loss weighted 1e8) judged by diagnose::compare on --device
+//             and on the CPU (emulated fp16); one JSON line per case with both verdicts.
 #include <mixtrain/mixtrain.h>
 
 #include <ATen/record_function.h>
@@ -44,6 +48,7 @@ struct BenchArgs {
   bool tiny = false;
   std::string json;
   bool emulation_compare = false;
+  bool doctor_compare = false;
   double init_scale = 65536.0;
 };
 
@@ -78,6 +83,7 @@ BenchArgs parse(int argc, char** argv) {
     else if (f == "--tiny") a.tiny = true;
     else if (f == "--json") a.json = value(i);
     else if (f == "--emulation-compare") a.emulation_compare = true;
+    else if (f == "--doctor-compare") a.doctor_compare = true;
     else if (f == "--init-scale") a.init_scale = std::stod(value(i));
     else throw std::invalid_argument("unknown flag '" + f + "'");
   }
@@ -319,6 +325,49 @@ nlohmann::json compare_emulation(const BenchArgs& a, const std::string& model_na
           {"same_skips", skipped_real == skipped_emulated}};
 }
 
+/// tests/compare_test.cpp's classifier: stem -> fc1 -> fc2 -> head.
+struct DoctorNetImpl : nn::Module {
+  DoctorNetImpl()
+      : stem(register_module("stem", nn::Linear(4, 16))), fc1(register_module("fc1", nn::Linear(16, 16))),
+        fc2(register_module("fc2", nn::Linear(16, 16))), head(register_module("head", nn::Linear(16, 3))) {}
+  torch::Tensor forward(torch::Tensor x) { return head(torch::relu(fc2(torch::relu(fc1(torch::relu(stem(x))))))); }
+  nn::Linear stem, fc1, fc2, head;
+};
+TORCH_MODULE(DoctorNet);
+
+/// Three well-separated Gaussian blobs in 4-d, seeded: tests/test_util.h's blobs().
+mixtrain::data::Dataset doctor_blobs(int64_t n, uint64_t seed) {
+  torch::Tensor centers = torch::randn({3, 4}, at::detail::createCPUGenerator(0)) * 3;
+  auto gen = at::detail::createCPUGenerator(seed);
+  torch::Tensor y = torch::randint(3, {n}, gen, torch::kLong);
+  return {centers.index_select(0, y) + torch::randn({n, 4}, gen) * 0.5, y};
+}
+
+std::string doctor_verdict(const std::string& name, const torch::Device& device) {
+  const bool overflow = name == "forward_overflow", heavy_loss = name == "gradient_overflow";
+  auto factory = [=] {
+    DoctorNet net;
+    if (overflow) {
+      torch::NoGradGuard g;
+      net->fc1->weight.mul_(1e5);
+      net->fc2->weight.div_(1e5);
+    }
+    net->to(device);
+    mixtrain::data::Dataset train = doctor_blobs(256, 1), valid = doctor_blobs(128, 2);
+    train = {train.x.to(device), train.y.to(device)};
+    valid = {valid.x.to(device), valid.y.to(device)};
+    mixtrain::LossFn loss = mixtrain::cross_entropy();
+    if (heavy_loss)
+      loss = [](const torch::Tensor& p, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(p, y) * 1e8; };
+    return std::make_unique<Learner>(mixtrain::Model(net), mixtrain::data::DataLoaders::from_split({train, valid}, 16, 7),
+                                     loss, mixtrain::LearnerOptions().progress(false).device(device));
+  };
+  auto options = mixtrain::diagnose::CompareOptions().epochs(overflow ? 1 : 2).lr(1e-2);
+  if (name == "underflow") options.scaler(mixtrain::amp::GradScalerOptions().init_scale(std::ldexp(1.0, -20)));
+  torch::manual_seed(0);
+  return mixtrain::diagnose::to_string(mixtrain::diagnose::compare(factory, options).verdict);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -344,6 +393,24 @@ int main(int argc, char** argv) {
   }
   std::ostream& out = a.json.empty() ? std::cout : file;
   int failures = 0;
+  if (a.doctor_compare) {
+    const torch::Device device(a.device == "cuda" ? torch::kCUDA : torch::kCPU);
+    for (const char* name : {"healthy", "forward_overflow", "underflow", "gradient_overflow"}) {
+      nlohmann::json r{{"case", name}};
+      try {
+        r["device_verdict"] = doctor_verdict(name, device);
+        r["cpu_emulated_verdict"] = doctor_verdict(name, torch::Device(torch::kCPU));
+        r["same"] = r["device_verdict"] == r["cpu_emulated_verdict"];
+      } catch (const std::exception& e) {
+        const std::string msg = e.what();
+        r["error"] = msg.substr(0, msg.find('\n'));
+        ++failures;
+      }
+      out << r.dump() << std::endl;
+      std::cerr << "gpu_bench: doctor " << r.dump() << std::endl;
+    }
+    return failures ? 1 : 0;
+  }
   if (a.emulation_compare) {
     for (const auto& m : a.models) {
       nlohmann::json r;

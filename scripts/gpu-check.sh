@@ -9,7 +9,9 @@
 #
 # Steps (GPU mode): environment facts; a Release build against the machine's libtorch
 # (ccache off, tests and benchmarks on); the CUDA tests; torch's own Python GradScaler
-# on the tests' scripted overflow pattern, compared with ours; gpu_bench (C++, mixtrain's
+# on the tests' scripted overflow pattern, compared with ours; real fp16 against the CPU
+# emulation (50 seeded steps of the three models; the held-in doctor cases' verdicts);
+# gpu_bench (C++, mixtrain's
 # Learner) and gpu_python_bench.py (a torch.amp loop) on the CNN, the ResNet-style CNN
 # and the transformer LM in fp32/fp16/bf16; then everything merged into gpu.json with
 # the issue's goals checked. A failing step is recorded and the next one still runs.
@@ -83,6 +85,7 @@ open(sys.argv[1], "w").write("".join(f"{s:g}\n" for s in scales))
 PY
   run_step emulation 180 build-gpu/bench/gpu_bench --emulation-compare --device cuda --steps 50 --init-scale 1073741824 \
     --json "$OUT/emulation.jsonl"
+  run_step doctor 240 build-gpu/bench/gpu_bench --doctor-compare --device cuda --json "$OUT/doctor.jsonl"
   run_step bench_cpp 240 build-gpu/bench/gpu_bench --device cuda --steps 30 --warmup 5 --json "$OUT/cpp.jsonl"
   run_step bench_python 240 $py bench/gpu_python_bench.py --device cuda --steps 30 --warmup 5 --json "$OUT/py.jsonl"
 else
@@ -92,6 +95,7 @@ else
   run_step bench_cpp 240 "$build/bench/gpu_bench" "${small[@]}" --json "$OUT/cpp.jsonl"
   run_step emulation 240 "$build/bench/gpu_bench" --emulation-compare --device cpu --models cnn --steps 3 \
     --json "$OUT/emulation.jsonl"
+  run_step doctor 240 "$build/bench/gpu_bench" --doctor-compare --device cpu --json "$OUT/doctor.jsonl"
   if $py -c 'import torch' 2>/dev/null; then
     run_step bench_python 240 $py bench/gpu_python_bench.py "${small[@]}" --json "$OUT/py.jsonl"
   fi
@@ -153,13 +157,18 @@ for r in emu:
     summary[f"emulation_{m}_max_abs_loss_diff"] = r["max_abs_diff"]
     goals[f"emulation_{m}_first_step_within_fp16"] = r["first_step_within_fp16"]
     goals[f"emulation_{m}_same_skipped_steps"] = r["same_skips"]
+doctor = rows("doctor.jsonl") or []
+for r in doctor:
+    if "error" not in r:
+        goals[f"doctor_{r['case']}_same_verdict_on_device_and_emulated"] = r["same"]
+        goals[f"doctor_{r['case']}_verdict_is_{r['case']}"] = r["device_verdict"] == r["case"]
 cs, ps = lines("cpp_scales.txt"), lines("py_scales.txt")
 result = {
     "mode": mode,
     "steps": status,
     "tests": json.load(open(os.path.join(out, "tests.json"))) .get("tests") if os.path.exists(os.path.join(out, "tests.json")) else None,
     "scale_sequence": {"cpp": cs, "torch": ps, "identical": cs is not None and cs == ps},
-    "cpp": cpp, "python": py, "emulation": emu,
+    "cpp": cpp, "python": py, "emulation": emu, "doctor": doctor,
     "summary": {"values": summary, "goals": goals},
 }
 json.dump(result, open(os.path.join(out, "gpu.json"), "w"), indent=2)

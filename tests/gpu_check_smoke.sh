@@ -37,5 +37,12 @@ if j["python"] is not None:  # python3-torch installed: the twin ran too
     assert {(r["model"], r["precision"]) for r in j["python"]} == {(r["model"], r["precision"]) for r in rows}, j["python"]
     assert all("error" not in r for r in j["python"]), j["python"]
     assert "cnn_fp32_cpp_over_python_step_time" in j["summary"]["values"], j["summary"]
-print("gpu.json ok:", len(rows), "C++ rows,", "no" if j["python"] is None else len(j["python"]), "Python rows")
+# The emulation comparison and the held-in doctor cases ran (both sides on the CPU here).
+assert len(j["emulation"]) == 1 and "error" not in j["emulation"][0], j["emulation"]
+assert j["emulation"][0]["same_skips"] and j["emulation"][0]["max_abs_diff"] == 0, j["emulation"]
+assert [r["case"] for r in j["doctor"]] == ["healthy", "forward_overflow", "underflow", "gradient_overflow"], j["doctor"]
+for r in j["doctor"]:
+    assert "error" not in r and r["same"] and r["device_verdict"] == r["case"], r
+print("gpu.json ok:", len(rows), "C++ rows,", "no" if j["python"] is None else len(j["python"]), "Python rows,",
+      len(j["doctor"]), "doctor cases")
 PY
