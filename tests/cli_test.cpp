@@ -208,11 +208,13 @@ TEST(CliTest, CheckpointDirectoriesAreProtectedAndKeepPrunes) {
   EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-4.pt"));  // pruned: only the newest 2 kept
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-8.pt"));
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-12.pt"));
-  expect_usage_error("train" + flags, "already holds checkpoints; continue it with --resume");
+  expect_usage_error("train" + flags, "holds a finished run, or pass --force to start over there");
   EXPECT_EQ(run_cli("train" + flags + " --force").code, 0);
   expect_usage_error("train --resume " + test::scratch_dir("cli_protect_empty"), "args.json not found");
   expect_usage_error("train --resume " + out + " --lr 1", "do not pass --lr");
-  // A damaged checkpoint: one line, exit 2, no crash.
+  // A damaged checkpoint of a run that did not finish: one line, exit 2, no crash.
+  std::filesystem::remove(out + "/finished");
+  expect_usage_error("train" + flags, "already holds checkpoints; continue it with --resume");
   test::write_raw(out + "/checkpoint-12.pt", {1, 2, 3});
   expect_usage_error("train --resume " + out, "is corrupt or truncated");
   expect_usage_error("train --data " + dir + " --out " + test::scratch_dir("cli_protect_x") + " --save-every -1", "invalid --save-every");

@@ -64,7 +64,9 @@ int run_train(TrainArgs a) {
   } else if (writer) {
     if (a.out.empty()) a.out = default_run_dir("");
     if (mixtrain::callbacks::Checkpointer::holds_checkpoints(a.out) && !a.force)
-      throw UsageError("--out " + a.out + " already holds checkpoints; continue it with --resume " + a.out +
+      throw UsageError("--out " + a.out +
+                       (std::ifstream(a.out + "/finished") ? " holds a finished run"
+                                                           : " already holds checkpoints; continue it with --resume " + a.out) +
                        ", or pass --force to start over there");
     prepare_out_dir(a.out);
     std::remove((a.out + "/finished").c_str());  // a new run (--force) in an old run's folder
