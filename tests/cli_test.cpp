@@ -595,10 +595,18 @@ TEST(CliMultiNodeTest, TwoNodesEndIdenticalAndALostNodeIsNamedWithinSeconds) {
   const std::string long_run = train + " --epochs 1000";
   const std::string done = tmp + "/node0.done";
   std::filesystem::remove(done);
+  std::filesystem::remove(log0);
   std::system(("(" + net.node(0, port, long_run + " --force --out " + tmp + "/multinode_long", log0) + "; echo $? >" +
-               done + ") & (" + net.node(1, port, long_run, log1) + ") & sleep 3; ip netns pids " + net.b +
-               " | xargs -r kill -9")
+               done + ") & (" + net.node(1, port, long_run, log1) + ") &")
                   .c_str());
+  // Once both nodes train (node 0 printed its second epoch's row; slow starts under
+  // sanitizers take seconds), node 1 dies.
+  const auto started = std::chrono::steady_clock::now();
+  while (slurp(log0).find("[rank 0] 1 ") == std::string::npos && !std::filesystem::exists(done) &&
+         std::chrono::steady_clock::now() - started < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_NE(slurp(log0).find("[rank 0] 1 "), std::string::npos) << slurp(log0) << slurp(log1);
+  std::system(("ip netns pids " + net.b + " | xargs -r kill -9").c_str());
   const auto killed = std::chrono::steady_clock::now();
   while (!std::filesystem::exists(done) && std::chrono::steady_clock::now() - killed < std::chrono::seconds(60))
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
