@@ -28,7 +28,7 @@ std::string loss_curves_svg(const Evidence& e) {
   std::string title = "Training loss: fp32 vs " + (e.mixed ? e.mixed->precision : std::string("mixed precision"));
   if (auto gap = e.gap_percent()) {
     char buf[64];
-    std::snprintf(buf, sizeof(buf), " (final gap %+.2g%%)", *gap);  // two significant digits, as the report
+    std::snprintf(buf, sizeof(buf), " (final gap %+.3g%%)", *gap);  // three significant digits, as the report
     title += buf;
   }
   PlotOptions o{title, "step (faint lines: per-batch loss; dotted: epoch boundaries)", "loss", false};
