@@ -63,8 +63,10 @@ void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
 
   // Only the functional overloads are autocast's: an out= overload (mutable schema)
   // runs as it is, writing the caller's tensor, as CUDA autocast leaves it alone.
-  const bool functional = !op.schema().is_mutable();
-  if (emulation_depth > 0 && functional && runs_in_fp16_under_autocast(name)) {
+  // One list look-up per op: this runs for every op while emulation is on.
+  const AutocastList list =
+      emulation_depth > 0 && !op.schema().is_mutable() ? autocast_list(name) : AutocastList::kNone;
+  if (list == AutocastList::kLowerPrecision) {
     // Round inputs, run with the mode off inside (inner ops are not rounded again), round outputs.
     c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
     for (auto it = stack->end() - n_args; it != stack->end(); ++it) *it = round_value(*it);
@@ -83,8 +85,7 @@ void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     op.redispatchBoxed(below, stack);
     auto& out = *(stack->end() - n_out);
     if (out.isTensor()) out = out.toTensor().to(dtype);
-  } else if (emulation_depth > 0 && functional &&
-             (autocast_list(name) == AutocastList::kFp32 || autocast_list(name) == AutocastList::kPromote)) {
+  } else if (list == AutocastList::kFp32 || list == AutocastList::kPromote) {
     // Autocast runs these in fp32 (or the widest input dtype) with itself excluded
     // for their inner calls: a cdist's or tensordot's inner matmul is not fp16.
     c10::impl::ExcludeDispatchKeyGuard off(kModeKey);

@@ -53,8 +53,11 @@ bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool al
 }
 
 void MixedPrecision::prepare_for(Learner& learn) {
-  device_type_ = learn.device().type();
+  // Decided once per device: before_validate asks again at every epoch of a fit.
+  if (prepared_for_ == learn.device()) return;
   emulated_ = check_precision_supported(dtype_, learn.device(), allow_fp16_emulation_);
+  device_type_ = learn.device().type();
+  prepared_for_ = learn.device();
 }
 
 void MixedPrecision::before_fit(Learner& learn) { prepare_for(learn); }

@@ -42,7 +42,7 @@ std::string Checkpointer::save(Learner& learn) {
   write_file_atomically(options_.dir() + "/latest", name + "\n");
   last_path_ = options_.dir() + "/" + name;
   if (options_.keep() == 0) return last_path_;
-  // Keep the newest `options_.keep()` by step number; the one just written is always among them.
+  // Keep the newest `keep` by step number; the one just written is always among them.
   static const std::regex pattern(R"(checkpoint-(\d+)\.pt)");
   std::vector<std::pair<int64_t, fs::path>> found;
   for (const auto& entry : fs::directory_iterator(options_.dir())) {

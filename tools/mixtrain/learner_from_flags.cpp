@@ -5,14 +5,13 @@
 
 namespace mixtrain_cli {
 
-mixtrain::data::DatasetSplit load_split(const mixtrain::RunConfig& r) {
+mixtrain::data::DatasetSplit load_split(const mixtrain::RunConfig& r, int world_size) {
   auto split = mixtrain::data::fashion_mnist(r.data);
   if (r.limit > 0) split.train = split.train.head(r.limit);
   // Under data parallelism every rank gets its shard of the training set.
-  const mixtrain::distributed::Env env = mixtrain::distributed::env_from_environment();
-  const int64_t per_rank = split.train.size() / std::max(1, env.world_size);
-  const std::string each = env.world_size > 1 ? ", " + std::to_string(per_rank) + " per rank of " +
-                                                    std::to_string(env.world_size) : "";
+  const int64_t per_rank = split.train.size() / std::max(1, world_size);
+  const std::string each = world_size > 1 ? ", " + std::to_string(per_rank) + " per rank of " +
+                                                std::to_string(world_size) : "";
   if (per_rank < r.bs)
     throw UsageError("the training set (" + std::to_string(split.train.size()) + " images" + each +
                      ") is smaller than --bs " + std::to_string(r.bs) + ": no full batch to train on");

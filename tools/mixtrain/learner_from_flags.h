@@ -10,8 +10,9 @@
 namespace mixtrain_cli {
 
 /// Loads the training split the flags ask for; data problems (and a configuration in
-/// which a rank would get no full batch, or no optimizer step) are one-line errors.
-mixtrain::data::DatasetSplit load_split(const mixtrain::RunConfig& r);
+/// which one of `world_size` ranks would get no full batch, or no optimizer step) are
+/// one-line errors.
+mixtrain::data::DatasetSplit load_split(const mixtrain::RunConfig& r, int world_size);
 
 /// The Learner train and doctor share: the model, data, loss and accuracy the
 /// flags name, with gradient clipping and accumulation when asked for.

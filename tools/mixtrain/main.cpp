@@ -51,7 +51,7 @@ int run_train(TrainArgs a) {
   const mixtrain::distributed::Env env = mixtrain::distributed::env_from_environment();
   const bool writer = env.rank == 0;
 
-  const auto split = load_split(r);  // data problems are reported before the run directory is created
+  const auto split = load_split(r, env.world_size);  // data problems are reported before the run directory is created
   std::string checkpoint;
   if (!a.resume.empty()) {
     if (r.ranks != env.world_size)
@@ -161,7 +161,7 @@ int run_doctor(TrainArgs a) {
                      mixtrain::precision_name(r.precision));
   const bool fp16 = r.precision == mixtrain::Precision::kFp16;
   const int threads = mixtrain::configure_threads(r.threads);
-  const auto split = load_split(r);
+  const auto split = load_split(r, /*world_size=*/1);
   if (a.out.empty()) a.out = default_run_dir("doctor-");
   prepare_out_dir(a.out);
 

@@ -82,6 +82,7 @@ class MixedPrecision : public PrecisionCallback {
   c10::DeviceType device_type_ = c10::DeviceType::CPU;
   bool allow_fp16_emulation_;
   bool emulated_ = false;
+  std::optional<c10::Device> prepared_for_;  // the device emulated_ was decided for
   std::optional<autocast> guard_;
   std::optional<Fp16Emulation> emulation_;
   bool step_attempted_ = false;
