@@ -14,6 +14,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   clang-14 libclang-rt-14-dev          # the ASan+UBSan build and libFuzzer (make sanitize, make fuzz)
   python3-torch                        # exports TorchScript test models and runs the Python comparison scripts
+  fortunes                             # the built-in transformer's text corpus (/usr/share/games/fortunes)
 )
 
 missing=()

@@ -15,7 +15,21 @@ namespace mixtrain::data {
 Dataset Dataset::head(int64_t n) const {
   TORCH_CHECK(n >= 0, "Invalid head size: ", n, " (must be >= 0)");
   if (n >= size()) return *this;
-  return {x.slice(0, 0, n), y.slice(0, 0, n)};
+  Dataset d{x.slice(0, 0, n), y.slice(0, 0, n)};
+  for (const auto& e : extra_x) d.extra_x.push_back(e.slice(0, 0, n));
+  return d;
+}
+
+std::vector<torch::Tensor> Batch::inputs() const {
+  std::vector<torch::Tensor> in{x};
+  in.insert(in.end(), extra_x.begin(), extra_x.end());
+  return in;
+}
+
+Batch Batch::to(torch::Device device) const {
+  Batch b{x.to(device), y.to(device)};
+  for (const auto& e : extra_x) b.extra_x.push_back(e.to(device));
+  return b;
 }
 
 DataLoader::DataLoader(Dataset dataset, DataLoaderOptions options)
@@ -25,6 +39,10 @@ DataLoader::DataLoader(Dataset dataset, DataLoaderOptions options)
   TORCH_CHECK(dataset_.x.defined() && dataset_.y.defined(), "DataLoader needs a dataset with x and y");
   TORCH_CHECK(dataset_.x.size(0) == dataset_.y.size(0), "Dataset x has ", dataset_.x.size(0),
               " samples but y has ", dataset_.y.size(0));
+  for (size_t i = 0; i < dataset_.extra_x.size(); ++i)
+    TORCH_CHECK(dataset_.extra_x[i].defined() && dataset_.extra_x[i].dim() > 0 &&
+                    dataset_.extra_x[i].size(0) == dataset_.x.size(0),
+                "Dataset input ", i + 2, " does not have x's ", dataset_.x.size(0), " samples");
 }
 
 void DataLoader::set_sharding(int64_t num_shards, int64_t shard) {
@@ -50,10 +68,12 @@ Batch DataLoader::Iterator::operator*() const {
   const int64_t global = bs * loader_->options_.num_shards();
   const int64_t start = std::min(index_ * global + loader_->options_.shard() * bs, ds.size());
   const int64_t stop = std::min(start + bs, ds.size());
-  if (!order_.defined()) return {ds.x.slice(0, start, stop), ds.y.slice(0, start, stop)};
   // index_select gathers into a fresh contiguous batch: one copy, no per-sample work.
-  torch::Tensor idx = order_.slice(0, start, stop);
-  return {ds.x.index_select(0, idx), ds.y.index_select(0, idx)};
+  const torch::Tensor idx = order_.defined() ? order_.slice(0, start, stop) : torch::Tensor();
+  const auto take = [&](const torch::Tensor& t) { return idx.defined() ? t.index_select(0, idx) : t.slice(0, start, stop); };
+  Batch b{take(ds.x), take(ds.y)};
+  for (const auto& e : ds.extra_x) b.extra_x.push_back(take(e));
+  return b;
 }
 
 DataLoaders DataLoaders::from_split(const DatasetSplit& split, int64_t batch_size, uint64_t seed) {

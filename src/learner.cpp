@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <sstream>
 
 namespace mixtrain {
 
@@ -27,10 +28,73 @@ OptimizerFactory sgd(double momentum, double weight_decay) {
   };
 }
 
+namespace {
+
+std::string shape_of(const torch::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+/// "the model's output [64, 10] does not fit the targets [64, 3] for mse".
+std::string misfit(const torch::Tensor& pred, const torch::Tensor& target, const char* loss) {
+  return "the model's output " + shape_of(pred) + " does not fit the targets " + shape_of(target) + " for " + loss;
+}
+
+} // namespace
+
 LossFn cross_entropy() {
   return [](const torch::Tensor& pred, const torch::Tensor& target) {
+    TORCH_CHECK(!target.is_floating_point() && !target.is_complex(), "cross_entropy needs integer class targets, got ",
+                target.scalar_type(), " targets (for regression use mse, for 0/1 labels bce_with_logits)");
+    const auto p = pred.sizes(), t = target.sizes();
+    // Sequence outputs [N, T, C] against [N, T]: classes on the last dim.
+    if (pred.dim() >= 3 && pred.dim() == target.dim() + 1 && p.slice(0, p.size() - 1) == t)
+      return torch::nn::functional::cross_entropy(pred.reshape({-1, pred.size(-1)}), target.reshape({-1}));
+    // torch's own layout: [N, C] against [N], [N, C, d...] against [N, d...].
+    const bool torch_layout = pred.dim() >= 2 && pred.dim() == target.dim() + 1 && p[0] == t[0] &&
+                              p.slice(2) == t.slice(1);
+    TORCH_CHECK(torch_layout, misfit(pred, target, "cross_entropy"),
+                " (it takes logits [N, C] with targets [N], or [N, T, C] with [N, T])");
     return torch::nn::functional::cross_entropy(pred, target);
   };
+}
+
+LossFn mse() {
+  return [](const torch::Tensor& pred, const torch::Tensor& target) {
+    TORCH_CHECK(target.is_floating_point(), "mse needs float targets, got ", target.scalar_type(),
+                " targets (for class labels use cross_entropy)");
+    const bool column = pred.dim() == 2 && pred.size(1) == 1 && target.dim() == 1 && pred.size(0) == target.size(0);
+    TORCH_CHECK(column || pred.sizes() == target.sizes(), misfit(pred, target, "mse"), " (they need the same shape)");
+    return torch::mse_loss(column ? pred.squeeze(1) : pred, target.to(pred.scalar_type()));
+  };
+}
+
+LossFn bce_with_logits() {
+  return [](const torch::Tensor& pred, const torch::Tensor& target) {
+    const bool column = pred.dim() == 2 && pred.size(1) == 1 && target.dim() == 1 && pred.size(0) == target.size(0);
+    TORCH_CHECK(column || pred.sizes() == target.sizes(), misfit(pred, target, "bce_with_logits"),
+                " (they need the same shape)");
+    return torch::binary_cross_entropy_with_logits(column ? pred.squeeze(1) : pred, target.to(pred.scalar_type()));
+  };
+}
+
+LossFn loss_by_name(const std::string& name) {
+  if (name == "cross_entropy") return cross_entropy();
+  if (name == "mse") return mse();
+  if (name == "bce_with_logits") return bce_with_logits();
+  TORCH_CHECK(false, "Unknown loss '", name, "' (choices: cross_entropy, mse, bce_with_logits)");
+}
+
+Model::Model(std::shared_ptr<torch::nn::Module> module, Forward forward, int64_t num_inputs)
+    : module_(std::move(module)), forward_(std::move(forward)), num_inputs_(num_inputs) {
+  TORCH_CHECK(module_ && forward_, "Model needs a module and a forward function");
+}
+
+torch::Tensor Model::forward(const ModelInputs& inputs) const {
+  TORCH_CHECK(num_inputs_ < 0 || static_cast<int64_t>(inputs.size()) == num_inputs_, "The model's forward takes ",
+              num_inputs_, " input", num_inputs_ == 1 ? "" : "s", " but the data has ", inputs.size());
+  return forward_(inputs);
 }
 
 namespace {
@@ -252,7 +316,7 @@ void Learner::one_batch(int64_t i, const data::Batch& b) {
   iter_ = i;
   step_info_ = StepInfo();
   const bool on_cpu = options_.device().is_cpu();
-  batch_ = on_cpu ? b : data::Batch{b.x.to(options_.device()), b.y.to(options_.device())};
+  batch_ = on_cpu ? b : b.to(options_.device());
   try {
     run(Event::before_batch);
     do_one_batch();
@@ -270,7 +334,7 @@ void Learner::one_batch(int64_t i, const data::Batch& b) {
 }
 
 void Learner::do_one_batch() {
-  pred_ = model_(batch_.x);
+  pred_ = model_.forward(batch_.inputs());
   run(Event::after_pred);
   loss_grad_ = loss_fn_(pred_, batch_.y);
   loss_ = loss_grad_.detach().clone();

@@ -96,7 +96,10 @@ void Recorder::after_validate(Learner& learn) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double n = static_cast<double>(valid_count_);
   last_validation_.assign(1, valid_count_ ? valid_loss_sum_ / n : nan);
-  for (double s : metric_sums_) last_validation_.push_back(valid_count_ ? s / n : nan);
+  for (size_t i = 0; i < metric_sums_.size(); ++i) {
+    const double mean = valid_count_ ? metric_sums_[i] / n : nan;
+    last_validation_.push_back(metrics_[i].finalize ? metrics_[i].finalize(mean) : mean);
+  }
 }
 
 void Recorder::after_epoch(Learner& learn) { record_epoch(learn); }

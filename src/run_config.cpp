@@ -42,6 +42,7 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
       member("data", &RunConfig::data),
       member("model", &RunConfig::model),
+      member("loss", &RunConfig::loss),
       member("epochs", &RunConfig::epochs),
       member("lr", &RunConfig::lr),
       member("bs", &RunConfig::bs),

@@ -17,11 +17,17 @@ Fn openblas_symbol(const char* name) {
 }
 } // namespace
 
-int configure_threads(int n) {
+int configure_threads(int n, ThreadPolicy policy) {
   TORCH_CHECK(n >= 0, "Invalid thread count: ", n, " (must be >= 1, or 0 for all cores)");
   if (n == 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(n);
-  if (auto set = openblas_symbol<void (*)(int)>("openblas_set_num_threads")) set(1);
+  auto set_blas = openblas_symbol<void (*)(int)>("openblas_set_num_threads");
+  if (policy == ThreadPolicy::kBlas && set_blas) {
+    at::set_num_threads(1);
+    set_blas(n);
+  } else {
+    at::set_num_threads(n);
+    if (set_blas) set_blas(1);
+  }
   return n;
 }
 

@@ -1,5 +1,6 @@
 // The mixtrain CLI as a user meets it: bad input gives one line and exit 2;
 // a small run writes its files.
+#include "cli_util.h"
 #include "test_util.h"
 
 #include <nlohmann/json.hpp>
@@ -15,40 +16,15 @@
 #include <random>
 #include <thread>
 
+using mixtrain::test::CliResult;
+using mixtrain::test::expect_usage_error;
+using mixtrain::test::run_cli;
+using mixtrain::test::slurp;
+
 namespace {
 
 using namespace mixtrain;
 
-struct CliResult {
-  int code;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-CliResult run_cli(const std::string& args) {
-  const std::string dir = std::string(MIXTRAIN_TEST_TMP);
-  std::filesystem::create_directories(dir);
-  // Per-test file names: ctest may run the CLI tests in parallel.
-  const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  const std::string out = dir + "/" + name + ".out", err = dir + "/" + name + ".err";
-  const std::string cmd = std::string(MIXTRAIN_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out), slurp(err)};
-}
-
-/// Exit 2 and exactly one line on stderr that contains `substr`.
-void expect_usage_error(const std::string& args, const std::string& substr) {
-  SCOPED_TRACE(args);
-  const CliResult r = run_cli(args);
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find(substr), std::string::npos) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_EQ(r.err.rfind("mixtrain: error: ", 0), 0u) << r.err;
-}
 
 TEST(CliTest, HelpExplainsEveryFlag) {
   const CliResult r = run_cli("train --help");
@@ -70,7 +46,7 @@ TEST(CliTest, BadValuesAreOneLineErrors) {
   expect_usage_error(base + " --epochs 0", "invalid --epochs");
   expect_usage_error(base + " --limit 0", "invalid --limit");
   expect_usage_error(base + " --threads -2", "invalid --threads");
-  expect_usage_error(base + " --model resnet", "unknown --model 'resnet'");
+  expect_usage_error(base + " --model vgg", "unknown --model 'vgg': not a built-in model (cnn, mlp, resnet, transformer) and no such file");
   expect_usage_error(base + " --precision fp8", "unsupported precision 'fp8'");
   expect_usage_error(base + " --precision fp16 --growth-factor 1", "Invalid growth_factor: 1 (must be > 1)");
   expect_usage_error(base + " --precision fp16 --backoff-factor 2", "Invalid backoff_factor");
@@ -89,7 +65,7 @@ TEST(CliTest, BadValuesAreOneLineErrors) {
 }
 
 TEST(CliTest, BadDataAndOutputAreOneLineErrors) {
-  expect_usage_error("train --data /nonexistent/fashion", "data directory not found: /nonexistent/fashion");
+  expect_usage_error("train --data /nonexistent/fashion", "--data /nonexistent/fashion not found");
 
   const std::string dir = test::fake_fashion_dir("cli_data", 64, 32);
   const std::string out = " --out " + test::scratch_dir("cli_data_out");
@@ -280,7 +256,7 @@ TEST(CliDoctorTest, BadFlagsAreOneLineErrors) {
   expect_usage_error("doctor --lr 0", "invalid --lr");
   expect_usage_error("doctor --limit 500 --threads 1",
                      "too few training steps to judge: 1 (1 epoch(s) of 1 batches); the comparison needs at least 8");
-  expect_usage_error("doctor --data /nonexistent", "data directory not found");
+  expect_usage_error("doctor --data /nonexistent", "--data /nonexistent not found");
 }
 
 } // namespace
@@ -455,7 +431,7 @@ TEST(CliRoughEdgesTest, FlagsThatCannotWorkAreOneLineErrors) {
   const std::string base = "train --data " + dir + " --out " + test::scratch_dir("cli_rough_out");
   expect_usage_error(base + " --seed -1", "invalid --seed -1: must be >= 0");
   expect_usage_error(base + " --bs 16 --accum 5", "--accum 5 is more than the 4 batches of an epoch");
-  expect_usage_error("train --data " + dir + "/train-images-idx3-ubyte.gz", "is not a directory");
+  expect_usage_error("train --data " + dir + "/train-images-idx3-ubyte.gz", "is not a file written by torch.save");
 }
 
 TEST(CliRoughEdgesTest, UncompressedIdxFilesAreRead) {
@@ -503,7 +479,7 @@ TEST(CliRoughEdgesTest, ALaunchWhereARankGetsNoBatchIsRefused) {
                               " -- train --data " + dir + " --bs 48 --model mlp --threads 1 --out " +
                               test::scratch_dir("cli_launch_small_out"));
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_NE(r.out.find("(64 images, 32 per rank of 2) is smaller than --bs 48"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("(64 samples, 32 per rank of 2) is smaller than --bs 48"), std::string::npos) << r.out << r.err;
 }
 
 } // namespace

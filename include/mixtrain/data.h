@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mixtrain::data {
 
@@ -18,8 +19,11 @@ constexpr double kFashionMnistStd = 0.3530;
 
 /// Inputs and targets, indexed along dim 0.
 struct Dataset {
-  torch::Tensor x;
+  torch::Tensor x;  ///< the model's (first) input
   torch::Tensor y;
+  /// The model's further inputs (a mask, positions), in the order its forward
+  /// takes them after x; each indexed along dim 0 like x.
+  std::vector<torch::Tensor> extra_x = {};
   int64_t size() const { return x.defined() ? x.size(0) : 0; }
   /// The first `n` samples (all of them when n >= size()).
   Dataset head(int64_t n) const;
@@ -35,7 +39,12 @@ struct DatasetSplit {
 struct Batch {
   torch::Tensor x;
   torch::Tensor y;
+  std::vector<torch::Tensor> extra_x = {};  ///< further inputs, as Dataset::extra_x
   int64_t size() const { return x.size(0); }
+  /// x, then extra_x: the arguments of the model's forward.
+  std::vector<torch::Tensor> inputs() const;
+  /// The batch on `device` (no copy when it is there already).
+  Batch to(torch::Device device) const;
 };
 
 struct DataLoaderOptions {
@@ -117,5 +126,35 @@ torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const st
 /// as float images [N,1,28,28] normalized with kFashionMnistMean/Std and int64 labels.
 /// Reads each of the four files as `NAME.gz` or, when only that exists, uncompressed `NAME`.
 DatasetSplit fashion_mnist(const std::string& dir = kFashionMnistDir);
+
+/// Share of the training data a tensor file without validation data keeps aside for validation.
+constexpr double kTensorFileValidFraction = 0.2;
+
+/// Reads a dict saved by Python's torch.save: "x" (a tensor, or a list/tuple of
+/// tensors for a model with several inputs), "y", and optionally "valid_x",
+/// "valid_y". Without validation data, a seeded random kTensorFileValidFraction
+/// of the samples (permutation drawn from `seed`) becomes the validation set.
+/// float64 inputs are read as float32 (the models' dtype). Throws c10::Error
+/// with one line naming the problem: not a torch.save file, a missing key, a
+/// value that is not a tensor, x and y of different lengths, inputs and valid
+/// inputs that differ in number.
+DatasetSplit load_tensor_file(const std::string& path, uint64_t seed = 42);
+
+/// Where Debian's `fortunes` package puts its text files: the built-in
+/// transformer's corpus (2.6 MB of English quotations, poems and definitions).
+constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
+
+/// A character-level language-modelling split from the text files in `dir`
+/// (every regular file except fortune's .dat/.u8 indexes, in name order,
+/// concatenated) or from one text file: bytes are tokens (vocabulary 256);
+/// each sample is `context` tokens (x) and the same shifted by one (y), cut
+/// without overlap. The last `valid_fraction` of the text is validation, so
+/// no validation text is seen in training.
+DatasetSplit text_corpus(const std::string& path = kFortunesDir, int64_t context = 64,
+                         double valid_fraction = 0.1);
+
+/// Perplexity of the unigram model fitted on `train`'s targets, measured on
+/// `valid`'s: the baseline a language model has to beat.
+double unigram_perplexity(const DatasetSplit& split);
 
 } // namespace mixtrain::data

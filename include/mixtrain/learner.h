@@ -50,23 +50,51 @@ using OptimizerFactory =
 OptimizerFactory adamw(double beta1 = 0.9, double beta2 = 0.99, double eps = 1e-5, double weight_decay = 0.01);
 /// SGD with momentum and (coupled) weight decay.
 OptimizerFactory sgd(double momentum = 0.9, double weight_decay = 0.0);
-/// Mean cross-entropy over class logits [N, C] and int64 targets [N].
+/// Mean cross-entropy over class logits [N, C] and integer targets [N]; also
+/// sequences, logits [N, T, C] against targets [N, T] (and torch's [N, C, d...]
+/// against [N, d...]). Throws c10::Error naming both shapes when they do not
+/// fit, and float targets.
 LossFn cross_entropy();
+/// Mean squared error; predictions [N, 1] against targets [N] count as [N].
+/// Throws c10::Error naming both shapes when they differ, and integer targets.
+LossFn mse();
+/// Binary cross-entropy on logits (multi-label or binary); integer or bool 0/1
+/// targets are read as float. Throws c10::Error naming both shapes when they differ.
+LossFn bce_with_logits();
+/// The loss named `name` ("cross_entropy", "mse", "bce_with_logits"); throws c10::Error naming the choices.
+LossFn loss_by_name(const std::string& name);
 
-/// A type-erased model: any torch::nn::Module holder whose forward takes and
-/// returns one Tensor (Sequential, Linear, or a user-defined TORCH_MODULE).
+/// The arguments of a model's forward, in order.
+using ModelInputs = std::vector<torch::Tensor>;
+
+/// A type-erased model: any torch::nn::Module holder whose forward takes one
+/// Tensor and returns one (Sequential, Linear, a user-defined TORCH_MODULE), or
+/// a module with a forward over several inputs (give the module and the call),
+/// or a TorchScript file (mixtrain/scripted_model.h).
 class Model {
  public:
+  using Forward = std::function<torch::Tensor(const ModelInputs&)>;
   Model() = default;
   template <typename Holder, typename = decltype(std::declval<Holder&>()->forward(std::declval<torch::Tensor>()))>
   Model(Holder holder)  // NOLINT: implicit on purpose, so a Learner takes any holder
       : module_(holder.ptr()),
-        forward_([holder](const torch::Tensor& x) mutable -> torch::Tensor { return holder->forward(x); }) {}
+        forward_([holder](const ModelInputs& in) mutable -> torch::Tensor { return holder->forward(in.at(0)); }),
+        num_inputs_(1) {}
+  /// A module whose forward takes `num_inputs` tensors (-1: any number), run by `forward`.
+  ///
+  /// Example (a native module with two inputs):
+  ///   mixtrain::Model model(net.ptr(), [net](const mixtrain::ModelInputs& in) mutable {
+  ///     return net->forward(in[0], in[1]); }, 2);
+  Model(std::shared_ptr<torch::nn::Module> module, Forward forward, int64_t num_inputs);
 
-  torch::Tensor forward(const torch::Tensor& x) const { return forward_(x); }
-  torch::Tensor operator()(const torch::Tensor& x) const { return forward_(x); }
+  /// Runs forward on `inputs`; throws c10::Error when their number is not what forward takes.
+  torch::Tensor forward(const ModelInputs& inputs) const;
+  torch::Tensor forward(const torch::Tensor& x) const { return forward(ModelInputs{x}); }
+  torch::Tensor operator()(const torch::Tensor& x) const { return forward(ModelInputs{x}); }
   torch::nn::Module& module() const { return *module_; }
   std::shared_ptr<torch::nn::Module> ptr() const { return module_; }
+  /// How many inputs forward takes (-1: not known).
+  int64_t num_inputs() const { return num_inputs_; }
   /// Parameters, then buffers: everything that makes two copies of the model
   /// compute the same. Detached, but sharing storage: writing to them (a
   /// broadcast, copy_) changes the model.
@@ -77,7 +105,8 @@ class Model {
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
-  std::function<torch::Tensor(const torch::Tensor&)> forward_;
+  Forward forward_;
+  int64_t num_inputs_ = -1;
 };
 
 struct LearnerOptions {

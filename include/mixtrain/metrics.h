@@ -17,11 +17,18 @@ namespace mixtrain {
 struct Metric {
   std::string name;
   std::function<torch::Tensor(const torch::Tensor& pred, const torch::Tensor& target)> fn;
+  /// Applied to the average over the validation set (empty: none). Perplexity is
+  /// exp(mean loss), not the mean of per-batch perplexities.
+  std::function<double(double)> finalize = {};
 };
 
 /// Fraction of samples whose argmax prediction equals the target.
 Metric accuracy();
 /// 1 - accuracy.
 Metric error_rate();
+/// For binary / multi-label logits: fraction of outputs whose sign matches the 0/1 target.
+Metric binary_accuracy();
+/// exp(mean cross-entropy) of a language model's logits [N, T, C] against targets [N, T].
+Metric perplexity();
 
 } // namespace mixtrain

@@ -12,8 +12,12 @@
 namespace mixtrain {
 
 struct RunConfig {
-  std::string data = data::kFashionMnistDir;  ///< data directory (or file)
-  std::string model = "cnn";                  ///< built-in model name
+  /// Fashion-MNIST's directory, a tensor file (torch.save'd dict), or for the
+  /// transformer a text file or directory; empty: the model's own data
+  /// (Fashion-MNIST, the transformer's fortunes corpus).
+  std::string data;
+  std::string model = "cnn";                  ///< built-in model name, or a TorchScript file
+  std::string loss = "cross_entropy";         ///< cross_entropy, mse or bce_with_logits
   int64_t epochs = 1;
   double lr = 3e-3;                           ///< peak of the one-cycle schedule
   int64_t bs = 256;                           ///< batch size (per rank under data parallelism)

@@ -3,12 +3,20 @@
 
 namespace mixtrain {
 
-/// Sets libtorch's intra-op (OpenMP) threads to `n` (0: all cores) and pins
-/// OpenBLAS to one thread, since libtorch already parallelizes around its calls
-/// (OpenMP and OpenBLAS threads each on every core oversubscribe it; BENCHMARKS.md
+/// Where the threads go. Both use `n` threads in all, never n on each side:
+/// OpenMP and OpenBLAS threads each on every core oversubscribe it (BENCHMARKS.md
 /// has the measurements).
-/// Returns the number of intra-op threads set.
-int configure_threads(int n = 0);
+enum class ThreadPolicy {
+  /// libtorch's intra-op (OpenMP) threads, OpenBLAS at one thread: libtorch
+  /// parallelizes around its BLAS calls. Best for convolutional nets.
+  kIntraOp,
+  /// OpenBLAS threads, libtorch's intra-op at one: best when large matrix
+  /// products dominate (the transformer spends about 90% of a step in them).
+  kBlas,
+};
+
+/// Uses `n` threads (0: all cores) as `policy` says. Returns n.
+int configure_threads(int n = 0, ThreadPolicy policy = ThreadPolicy::kIntraOp);
 
 /// Threads OpenBLAS uses, or -1 when OpenBLAS is not the loaded BLAS.
 int openblas_threads();

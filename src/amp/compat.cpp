@@ -7,7 +7,11 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <ATen/ATen.h>
+
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <string>
 
 // libtorch 2.4 replaced the per-device functions (set_enabled, set_cpu_enabled,
@@ -98,6 +102,17 @@ bool cpu_has_native_bf16() {
     if (line.rfind("flags", 0) == 0)
       return line.find("avx512_bf16") != std::string::npos || line.find("amx_bf16") != std::string::npos;
   return false;
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+  const int64_t t = q.size(-2);
+  const at::Tensor future = at::ones({t, t}, q.options().dtype(at::kBool)).triu(1);
+  const at::Tensor logits = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  return at::matmul(at::softmax(logits.masked_fill(future, -std::numeric_limits<double>::infinity()), -1), v);
+#endif
 }
 
 } // namespace compat

@@ -171,8 +171,12 @@ void MasterWeights::before_fit(Learner& learn) {
 }
 
 void MasterWeights::before_batch(Learner& learn) {
-  torch::Tensor& x = learn.batch().x;
-  if (x.is_floating_point() && x.scalar_type() != options_.dtype()) x = x.to(options_.dtype());
+  // The model's inputs in its dtype (a half conv rejects a float input); integer inputs (tokens) stay.
+  const auto to_model_dtype = [this](torch::Tensor& x) {
+    if (x.is_floating_point() && x.scalar_type() != options_.dtype()) x = x.to(options_.dtype());
+  };
+  to_model_dtype(learn.batch().x);
+  for (auto& x : learn.batch().extra_x) to_model_dtype(x);
   norm_mode_ = std::make_shared<detail::DispatchModeGuard>(detail::Mode::kFp32Norms);
 }
 

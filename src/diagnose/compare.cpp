@@ -59,7 +59,7 @@ void fit(Learner& learn, const CompareOptions& o) {
 data::Batch probe_batch(Learner& learn) {
   const data::Dataset& ds = learn.dls().train.dataset();
   const data::Dataset head = ds.head(std::max<int64_t>(1, learn.dls().train.options().batch_size()));
-  return {head.x, head.y};
+  return {head.x, head.y, head.extra_x};
 }
 
 } // namespace

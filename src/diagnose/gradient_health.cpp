@@ -53,9 +53,10 @@ GradientHealth measure_gradients(Learner& learn, const data::Batch& batch, doubl
     p.mutable_grad() = torch::Tensor();
   }
   const torch::Device device = learn.device();
-  torch::Tensor pred = learn.model().forward(batch.x.to(device));
+  const data::Batch b = batch.to(device);
+  torch::Tensor pred = learn.model().forward(b.inputs());
   if (pred.is_floating_point()) pred = pred.to(torch::kFloat);
-  learn.loss_fn()(pred, batch.y.to(device)).backward();
+  learn.loss_fn()(pred, b.y).backward();
   GradientHealth h = gradient_health(module, scale);
 
   torch::NoGradGuard no_grad;

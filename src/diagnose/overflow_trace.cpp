@@ -157,7 +157,7 @@ class Tracer : public amp::OpObserver {
 OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
   torch::nn::Module& module = learn.model().module();
   const torch::Device device = learn.device();
-  const torch::Tensor x = batch.x.to(device), y = batch.y.to(device);
+  const data::Batch b = batch.to(device);
 
   const detail::DiagnosticPass pass(module);
   Tracer tracer(module);
@@ -171,15 +171,16 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
     else
       emulation.emplace();
     amp::OpTraceScope observe(&tracer);
-    torch::Tensor pred = learn.model().forward(x);
+    torch::Tensor pred = learn.model().forward(b.inputs());
     autocast.reset();
     emulation.reset();
     if (pred.is_floating_point()) pred = pred.to(torch::kFloat);  // the loss runs in fp32, as in training
-    torch::Tensor loss = learn.loss_fn()(pred, y);
+    torch::Tensor loss = learn.loss_fn()(pred, b.y);
     trace = tracer.result();
     trace.loss = loss.item<double>();
   }
-  trace.input_nonfinite = x.is_floating_point() && !torch::isfinite(x).all().item<bool>();
+  for (const auto& x : b.inputs())
+    if (x.is_floating_point() && !torch::isfinite(x).all().item<bool>()) trace.input_nonfinite = true;
   return trace;
 }
 

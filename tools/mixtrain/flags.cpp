@@ -1,9 +1,11 @@
 #include "flags.h"
 
 #include <mixtrain/amp/mixed_precision.h>
+#include <mixtrain/models.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -29,8 +31,18 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
   mixtrain::RunConfig& r = a.run;
   auto& scaler = r.precision_options.scaler();
   auto& master = r.precision_options.master();
-  cmd.add_option("--data", r.data, "Directory with Fashion-MNIST's four idx .gz files")->capture_default_str();
-  cmd.add_option("--model", r.model, "Model: cnn (2 conv+BN layers) or mlp (784-256-10)")->capture_default_str();
+  cmd.add_option("--data", r.data,
+                 "Fashion-MNIST's directory (four idx .gz files), or a .pt file written by Python's torch.save with "
+                 "'x' (a tensor or a list of tensors), 'y' and optionally 'valid_x', 'valid_y'; for the transformer a "
+                 "text file or directory (default: Fashion-MNIST in " + std::string(mixtrain::data::kFashionMnistDir) +
+                     ", the transformer's corpus in " + mixtrain::data::kFortunesDir + ")");
+  cmd.add_option("--model", r.model,
+                 "Model: a TorchScript file (torch.jit.script(model).save(PATH)), or built-in cnn (2 conv+BN "
+                 "layers), mlp (784-256-10), resnet (residual CNN with BatchNorm), transformer (character-level "
+                 "decoder-only language model)")
+      ->capture_default_str();
+  cmd.add_option("--loss", r.loss, "Loss: cross_entropy (classes; also [N, T, C] sequences), mse, bce_with_logits")
+      ->capture_default_str();
   cmd.add_option("--epochs", r.epochs, "Epochs to train (>= 1)")->capture_default_str();
   cmd.add_option("--lr", r.lr, "Peak learning rate of the one-cycle schedule (> 0)")->capture_default_str();
   cmd.add_option("--bs", r.bs, "Batch size (>= 1)")->capture_default_str();
@@ -120,7 +132,11 @@ void validate(const TrainArgs& a, bool check_device) {
   at_least("--epochs", r.epochs, 1);
   if (r.limit == 0 || r.limit < -1) throw UsageError("invalid --limit " + std::to_string(r.limit) + ": must be >= 1");
   at_least("--threads", r.threads, 0);
-  if (r.model != "cnn" && r.model != "mlp") throw UsageError("unknown --model '" + r.model + "' (choices: cnn, mlp)");
+  if (!is_builtin_model(r.model) && !fs::is_regular_file(r.model))
+    throw UsageError("unknown --model '" + r.model + "': not a built-in model (cnn, mlp, resnet, transformer) " +
+                     (fs::exists(r.model) ? "and not a file" : "and no such file"));
+  if (r.loss != "cross_entropy" && r.loss != "mse" && r.loss != "bce_with_logits")
+    throw UsageError("unknown --loss '" + r.loss + "' (choices: cross_entropy, mse, bce_with_logits)");
   if (r.clip < 0 || !std::isfinite(r.clip)) throw UsageError("invalid --clip " + format_number(r.clip) + ": must be > 0");
   at_least("--accum", r.accum, 1);
   at_least("--save-every", r.save_every, 0);
@@ -134,9 +150,12 @@ void validate(const TrainArgs& a, bool check_device) {
   if (check_device && (r.precision == mixtrain::Precision::kFp16 || r.precision == mixtrain::Precision::kBf16))
     mixtrain::amp::check_precision_supported(r.precision == mixtrain::Precision::kFp16 ? torch::kHalf : torch::kBFloat16,
                                              torch::kCPU, r.precision_options.allow_fp16_emulation());
-  if (fs::exists(r.data) && !fs::is_directory(r.data))
-    throw UsageError("--data " + r.data + " is not a directory (it needs Fashion-MNIST's four idx files)");
-  if (!fs::is_directory(r.data)) throw UsageError("data directory not found: " + r.data);
+  if (!r.data.empty() && !fs::exists(r.data)) throw UsageError("--data " + r.data + " not found");
+}
+
+bool is_builtin_model(const std::string& name) {
+  const auto names = mixtrain::models::builtin_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 std::string in_flag_terms(std::string m) {

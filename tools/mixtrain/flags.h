@@ -41,6 +41,9 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor = false);
 /// a precision this CPU cannot run (train; for doctor that is a verdict).
 void validate(const TrainArgs& a, bool check_device);
 
+/// Whether `name` is one of the built-in models (else --model is a TorchScript file).
+bool is_builtin_model(const std::string& name);
+
 /// The library's messages name API calls and options; the CLI's users know flags.
 /// Rewrites the phrases the library uses into the flags that set them.
 std::string in_flag_terms(std::string message);

@@ -44,7 +44,7 @@ void install_stop_handlers() {
 int run_train(TrainArgs a) {
   validate(a, /*check_device=*/true);
   const mixtrain::RunConfig& r = a.run;
-  const int threads = mixtrain::configure_threads(r.threads);
+  const int threads = mixtrain::configure_threads(r.threads, thread_policy(r));
   torch::manual_seed(r.seed);
   // Under mixtrain launch, torchrun or any launcher exporting torchrun's variables:
   // one rank of a data-parallel job. Only rank 0 writes files.
@@ -120,10 +120,13 @@ int run_train(TrainArgs a) {
                        {"train_samples", split.train.size()}})
             .numbers({{"lr", r.lr}})));
     std::cout << "mixtrain train: model " << r.model << ", " << split.train.size() << " train / "
-              << split.valid.size() << " valid images, " << r.epochs << " epoch(s), lr " << r.lr << ", bs " << r.bs
+              << split.valid.size() << " valid samples, " << r.epochs << " epoch(s), lr " << r.lr << ", bs " << r.bs
               << ", precision " << mixtrain::precision_name(r.precision) << ", " << threads << " thread(s)"
               << (group ? ", " + std::to_string(env.world_size) + " ranks (--bs per rank)" : std::string()) << std::endl;
   }
+  if (writer && r.model == "transformer")
+    std::cout << "mixtrain train: unigram baseline perplexity " << mixtrain::data::unigram_perplexity(split)
+              << " (a character model that ignores context)" << std::endl;
   install_stop_handlers();
   learn.fit_one_cycle(r.epochs, r.lr);
   if (checkpointer->interrupted()) {
@@ -145,9 +148,19 @@ int run_train(TrainArgs a) {
                 1000 * data_parallel->comm_seconds() / std::max<int64_t>(1, data_parallel->comm_steps()));
   // A finished run is not resumable into a retrain from an older checkpoint.
   if (writer) mixtrain::write_file_atomically(a.out + "/finished", "finished after " + std::to_string(r.epochs) + " epoch(s)\n");
-  if (writer)
-    std::printf("valid accuracy %.4f, valid loss %.4f; run written to %s\n", last.metrics.at(0), last.valid_loss,
+  if (writer) {
+    // The trained model, always: TorchScript for a scripted model (torch.jit.load reads it), else the built-in's weights.
+    mixtrain::save_model(learn.model(), a.out + "/model.pt", r.model);
+    std::string metrics;
+    const auto names = learn.recorder().metric_names();
+    for (size_t i = 0; i < names.size() && i < last.metrics.size(); ++i) {
+      char value[64];
+      std::snprintf(value, sizeof(value), "valid %s %.4f, ", names[i].c_str(), last.metrics[i]);
+      metrics += value;
+    }
+    std::printf("%svalid loss %.4f; run written to %s (trained model: model.pt)\n", metrics.c_str(), last.valid_loss,
                 a.out.c_str());
+  }
   return 0;
 }
 
@@ -160,7 +173,7 @@ int run_doctor(TrainArgs a) {
     throw UsageError("doctor compares fp32 with fp16 or bf16 autocast; pass --precision fp16 (default) or bf16, not " +
                      mixtrain::precision_name(r.precision));
   const bool fp16 = r.precision == mixtrain::Precision::kFp16;
-  const int threads = mixtrain::configure_threads(r.threads);
+  const int threads = mixtrain::configure_threads(r.threads, thread_policy(r));
   const auto split = load_split(r, /*world_size=*/1);
   if (a.out.empty()) a.out = default_run_dir("doctor-");
   prepare_out_dir(a.out);
@@ -172,7 +185,7 @@ int run_doctor(TrainArgs a) {
               << std::endl;
     return build_learner(r, split, /*progress=*/true);
   };
-  std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train images, " << r.epochs
+  std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train samples, " << r.epochs
             << " epoch(s), lr " << r.lr << ", bs " << r.bs << ", fp32 vs " << mixtrain::precision_name(r.precision)
             << ", " << threads << " thread(s)" << std::endl;
   const auto d = mixtrain::diagnose::compare(factory, mixtrain::diagnose::CompareOptions()
@@ -214,7 +227,7 @@ int main(int argc, char** argv) {
   CLI::App app{"mixtrain: mixed-precision training for libtorch, fastai-style.", "mixtrain"};
   app.require_subcommand(1);
   TrainArgs train_args;
-  CLI::App* train = app.add_subcommand("train", "Train a model on Fashion-MNIST with fit_one_cycle");
+  CLI::App* train = app.add_subcommand("train", "Train a model (built-in or TorchScript) with fit_one_cycle and write OUT/model.pt");
   add_train_flags(*train, train_args);
   TrainArgs doctor_args;
   doctor_args.run.precision = mixtrain::Precision::kFp16;

@@ -4,6 +4,8 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+namespace at { class Tensor; }
+
 namespace mixtrain::amp {
 
 /// Enables autocast for `device` with `dtype` for the guard's lifetime, like
@@ -50,6 +52,10 @@ bool is_autocast_cache_enabled();
 void set_autocast_cache_enabled(bool enabled);
 /// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX).
 bool cpu_has_native_bf16();
+/// Causal self-attention softmax(q k^T / sqrt(d) + causal mask) v over [B, H, T, d]
+/// tensors: torch 2.x's fused scaled_dot_product_attention where libtorch has it,
+/// the explicit matmul / masked_fill / softmax / matmul on 1.13.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 } // namespace compat
 
 } // namespace mixtrain::amp

@@ -1,0 +1,72 @@
+// Training-step time of a model in a mixtrain Learner (fit, one epoch of random
+// data, progress off), for bench/model_bench.sh: the built-in models, or a
+// TorchScript file. Prints one line: "<what> step_ms X".
+//
+//   model_step_bench MODEL STEPS BATCH [fp32|fp16|bf16]
+// MODEL: cnn | resnet | transformer | a TorchScript file taking [N, 1, 28, 28] images.
+#include <mixtrain/mixtrain.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+/// Times the training steps after the warm-up ones (the first steps allocate).
+class StepTimer : public mixtrain::Callback {
+ public:
+  explicit StepTimer(int64_t warmup) : warmup_(warmup) {}
+  void before_batch(mixtrain::Learner& learn) override {
+    if (learn.training() && learn.train_iter() == warmup_) start_ = std::chrono::steady_clock::now();
+  }
+  void after_batch(mixtrain::Learner& learn) override {
+    if (!learn.training() || learn.train_iter() <= warmup_) return;
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    steps_ = learn.train_iter() - warmup_;
+  }
+  double ms_per_step() const { return 1000 * seconds_ / static_cast<double>(steps_); }
+
+ private:
+  int64_t warmup_, steps_ = 0;
+  double seconds_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s MODEL STEPS BATCH [fp32|fp16|bf16]\n", argv[0]);
+    return 2;
+  }
+  const std::string name = argv[1];
+  const int64_t steps = std::atoll(argv[2]), bs = std::atoll(argv[3]);
+  const std::string precision = argc > 4 ? argv[4] : "fp32";
+  const bool lm = name == "transformer";
+  // As `mixtrain train` does: the transformer's threads go to OpenBLAS.
+  const char* policy = std::getenv("MIXTRAIN_BENCH_THREADS");  // "intra-op" or "blas" overrides
+  const bool blas = policy ? std::string(policy) == "blas" : lm;
+  mixtrain::configure_threads(0, blas ? mixtrain::ThreadPolicy::kBlas : mixtrain::ThreadPolicy::kIntraOp);
+  torch::manual_seed(0);
+  const auto builtin = mixtrain::models::builtin_names();
+  mixtrain::Model model = std::find(builtin.begin(), builtin.end(), name) != builtin.end()
+                              ? mixtrain::models::by_name(name)
+                              : mixtrain::load_scripted_model(name);
+  const int64_t n = (steps + 3) * bs;  // 3 warm-up steps, not timed (as bench/python_transformer.py)
+  mixtrain::data::Dataset train, valid;
+  if (lm) {
+    train = {torch::randint(0, 256, {n, 64}), torch::randint(0, 256, {n, 64})};
+    valid = {torch::randint(0, 256, {bs, 64}), torch::randint(0, 256, {bs, 64})};
+  } else {
+    train = {torch::randn({n, 1, 28, 28}), torch::randint(0, 10, {n})};
+    valid = {torch::randn({bs, 1, 28, 28}), torch::randint(0, 10, {bs})};
+  }
+  mixtrain::Learner learn(model, mixtrain::data::DataLoaders::from_split({train, valid}, bs, 0),
+                          mixtrain::cross_entropy(), mixtrain::LearnerOptions().progress(false));
+  learn.set_precision(mixtrain::parse_precision(precision));
+  auto timer = std::make_shared<StepTimer>(3);
+  learn.fit(1, 1e-3, {timer});
+  std::printf("%s %s step_ms %.2f\n", name.c_str(), precision.c_str(), timer->ms_per_step());
+  return 0;
+}

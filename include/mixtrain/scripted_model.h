@@ -1,0 +1,52 @@
+#pragma once
+/// Models exported from PyTorch: a TorchScript file (torch.jit.script or
+/// torch.jit.trace, then .save) as a trainable mixtrain::Model.
+
+#include "mixtrain/learner.h"
+
+#include <torch/nn/module.h>
+
+#include <string>
+
+namespace torch::jit {
+struct Module;
+} // namespace torch::jit
+
+namespace mixtrain {
+
+/// The torch::nn::Module face of a TorchScript (sub)module: its parameters and
+/// buffers are the script's own tensors (the same storage, so the optimizer,
+/// checkpoints, master weights and data parallel change the script), and its
+/// children mirror the script's submodules under their Python attribute names,
+/// so parameter paths ("blocks.0.attn.qkv.weight") are the ones Python shows.
+class ScriptedSubmodule : public torch::nn::Module {
+ public:
+  /// Registers `script`'s parameters, buffers and (recursively) children.
+  explicit ScriptedSubmodule(const torch::jit::Module& script);
+  /// The Python class the submodule was scripted from ("torch.nn.modules.conv.Conv2d").
+  const std::string& python_class() const { return python_class_; }
+
+ private:
+  std::string python_class_;
+};
+
+/// Loads the TorchScript file at `path` as a Model: forward takes the script's
+/// inputs in order (several tensors for a model with several inputs), train()
+/// and eval() reach the script. Throws c10::Error with one line naming the
+/// problem: a missing file, a file that is not TorchScript (a state_dict
+/// written by torch.save is not), parameters that are not floating point.
+///
+/// Example:
+///   mixtrain::Model model = mixtrain::load_scripted_model("model.pt");
+///   mixtrain::Learner learn(model, dls, mixtrain::cross_entropy());
+Model load_scripted_model(const std::string& path);
+
+/// Whether `model` came from load_scripted_model.
+bool is_scripted(const Model& model);
+
+/// Writes a scripted model as TorchScript to `path` (atomically), with its
+/// floating-point parameters and buffers as fp32 whatever precision trained
+/// it, so Python's torch.jit.load reads it back.
+void save_scripted_model(const Model& model, const std::string& path);
+
+} // namespace mixtrain

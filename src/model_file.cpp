@@ -1,0 +1,105 @@
+// The trained model as a file: TorchScript for scripted models, an archive for built-ins.
+#include "mixtrain/model_file.h"
+
+#include "first_line.h"
+#include "mixtrain/atomic_file.h"
+#include "mixtrain/models.h"
+#include "mixtrain/scripted_model.h"
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <sstream>
+
+namespace mixtrain {
+
+namespace {
+/// The archive key that names the built-in model.
+constexpr const char* kBuiltinKey = "mixtrain.builtin_model";
+} // namespace
+
+void save_model(const Model& model, const std::string& path, const std::string& builtin_name) {
+  if (is_scripted(model)) {
+    save_scripted_model(model, path);
+    return;
+  }
+  TORCH_CHECK(!builtin_name.empty(), "save_model: a native model needs its built-in name (",
+              "use torch::save for a model of your own)");
+  torch::serialize::OutputArchive archive;
+  archive.write(kBuiltinKey, c10::IValue(builtin_name));
+  for (const auto& p : model.module().named_parameters())
+    archive.write(p.key(), p.value().detach().to(torch::kCPU).to(p.value().is_floating_point() ? torch::kFloat
+                                                                                              : p.value().scalar_type()));
+  for (const auto& b : model.module().named_buffers())
+    archive.write(b.key(), b.value().detach().to(torch::kCPU).to(b.value().is_floating_point() ? torch::kFloat
+                                                                                             : b.value().scalar_type()),
+                  /*is_buffer=*/true);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  write_file_atomically(path, bytes.str());
+}
+
+Model load_model(const std::string& path) {
+  std::error_code ec;
+  TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
+  torch::serialize::InputArchive archive;
+  c10::IValue name;
+  bool builtin = false;
+  try {
+    archive.load_from(path);
+    builtin = archive.try_read(kBuiltinKey, name) && name.isString();
+  } catch (const c10::Error&) {
+    builtin = false;  // not an archive of ours: maybe TorchScript, load_scripted_model says
+  }
+  Model model;
+  if (builtin) {
+    model = models::by_name(name.toStringRef());
+    torch::NoGradGuard no_grad;
+    for (auto& p : model.module().named_parameters()) {
+      torch::Tensor saved;
+      TORCH_CHECK(archive.try_read(p.key(), saved), path, " has no '", p.key(), "' for the built-in ",
+                  name.toStringRef());
+      TORCH_CHECK(saved.sizes() == p.value().sizes(), path, ": '", p.key(), "' is ", saved.sizes(), ", the ",
+                  name.toStringRef(), " needs ", p.value().sizes());
+      p.value().copy_(saved);
+    }
+    for (auto& b : model.module().named_buffers()) {
+      torch::Tensor saved;
+      TORCH_CHECK(archive.try_read(b.key(), saved, /*is_buffer=*/true), path, " has no buffer '", b.key(), "'");
+      b.value().copy_(saved);
+    }
+  } else {
+    model = load_scripted_model(path);
+  }
+  model.module().eval();
+  return model;
+}
+
+torch::Tensor predict(const Model& model, const ModelInputs& inputs, int64_t batch_size) {
+  TORCH_CHECK(!inputs.empty() && inputs[0].defined() && inputs[0].dim() > 0, "predict needs at least one input tensor");
+  TORCH_CHECK(batch_size > 0, "Invalid batch_size: ", batch_size, " (must be > 0)");
+  const int64_t n = inputs[0].size(0);
+  for (const auto& x : inputs)
+    TORCH_CHECK(x.defined() && x.dim() > 0 && x.size(0) == n, "predict: the inputs differ in their number of samples");
+  const bool was_training = model.module().is_training();
+  model.module().eval();
+  torch::NoGradGuard no_grad;
+  const torch::Device device = model.module().parameters().empty() ? torch::Device(torch::kCPU)
+                                                                   : model.module().parameters()[0].device();
+  std::vector<torch::Tensor> outputs;
+  try {
+    for (int64_t start = 0; start < n; start += batch_size) {
+      ModelInputs batch;
+      for (const auto& x : inputs) batch.push_back(x.slice(0, start, std::min(n, start + batch_size)).to(device));
+      outputs.push_back(model.forward(batch));
+    }
+  } catch (...) {
+    model.module().train(was_training);
+    throw;
+  }
+  model.module().train(was_training);
+  return torch::cat(outputs);
+}
+
+} // namespace mixtrain

@@ -1,0 +1,131 @@
+// TorchScript models: a loaded torch::jit::Module trained as a torch::nn::Module.
+#include "mixtrain/scripted_model.h"
+
+#include "first_line.h"
+#include "mixtrain/atomic_file.h"
+
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+
+namespace mixtrain {
+
+namespace {
+
+/// "__torch__.torch.nn.modules.conv.___torch_mangle_3.Conv2d" -> "torch.nn.modules.conv.Conv2d".
+std::string python_class_of(const torch::jit::Module& m) {
+  const auto& qualified = m.type()->name();
+  if (!qualified) return "";
+  std::string name;
+  for (const std::string& part : qualified->atoms())
+    if (part != "__torch__" && part.rfind("___torch_mangle_", 0) != 0) name += (name.empty() ? "" : ".") + part;
+  return name;
+}
+
+/// The root: owns the script and runs its forward.
+class ScriptedModel : public ScriptedSubmodule {
+ public:
+  explicit ScriptedModel(torch::jit::Module script) : ScriptedSubmodule(script), script_(std::move(script)) {
+    const auto& args = script_.get_method("forward").function().getSchema().arguments();
+    for (size_t i = 1; i < args.size(); ++i) {  // 0 is self
+      names_ += (i > 1 ? ", " : "") + args[i].name();
+      if (!args[i].default_value()) ++min_inputs_;
+      ++max_inputs_;
+    }
+  }
+
+  torch::Tensor forward(const ModelInputs& inputs) {
+    const auto n = static_cast<int64_t>(inputs.size());
+    TORCH_CHECK(n >= min_inputs_ && n <= max_inputs_, "The model's forward takes ",
+                min_inputs_ == max_inputs_ ? std::to_string(max_inputs_)
+                                           : std::to_string(min_inputs_) + " to " + std::to_string(max_inputs_),
+                " input", max_inputs_ == 1 ? "" : "s", " (", names_, ") but the data has ", n);
+    std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+    c10::IValue out = script_.forward(std::move(args));
+    TORCH_CHECK(out.isTensor(), "The model's forward returned a ", out.tagKind(),
+                "; mixtrain trains models that return one tensor");
+    return out.toTensor();
+  }
+
+  void train(bool on) override {
+    script_.train(on);
+    torch::nn::Module::train(on);
+  }
+  // Device moves go through the script too, so tensors it holds outside its
+  // parameters and buffers (constants of a traced graph, plain attributes) move.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking) override {
+    script_.to(device, dtype, non_blocking);
+    torch::nn::Module::to(device, dtype, non_blocking);
+  }
+  void to(torch::Dtype dtype, bool non_blocking) override {
+    script_.to(dtype, non_blocking);
+    torch::nn::Module::to(dtype, non_blocking);
+  }
+  void to(torch::Device device, bool non_blocking) override {
+    script_.to(device, non_blocking);
+    torch::nn::Module::to(device, non_blocking);
+  }
+
+  const torch::jit::Module& script() const { return script_; }
+
+ private:
+  torch::jit::Module script_;
+  std::string names_;
+  int64_t min_inputs_ = 0, max_inputs_ = 0;
+};
+
+} // namespace
+
+ScriptedSubmodule::ScriptedSubmodule(const torch::jit::Module& script) : python_class_(python_class_of(script)) {
+  for (const auto& p : script.named_parameters(/*recurse=*/false))
+    register_parameter(p.name, p.value, p.value.requires_grad());
+  for (const auto& b : script.named_buffers(/*recurse=*/false)) register_buffer(b.name, b.value);
+  for (const auto& c : script.named_children()) register_module(c.name, std::make_shared<ScriptedSubmodule>(c.value));
+}
+
+Model load_scripted_model(const std::string& path) {
+  std::error_code ec;
+  TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
+  // Plain graph execution: every aten op goes through the dispatcher one by one,
+  // so fp16 emulation and the overflow tracer see each of them (the optimizing
+  // executor may fuse or specialize ops). The CPU gains nothing from it here.
+  static std::once_flag once;
+  std::call_once(once, [] { torch::jit::setGraphExecutorOptimize(false); });
+  torch::jit::Module script;
+  try {
+    script = torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, path, " is not a TorchScript file (write one with torch.jit.script(model).save(path) ",
+                "or torch.jit.trace): ", detail::first_line(e.what()));
+  }
+  TORCH_CHECK(script.find_method("forward"), path, " has no forward method");
+  for (const auto& p : script.named_parameters())
+    TORCH_CHECK(p.value.is_floating_point(), path, ": parameter '", p.name, "' is ", p.value.scalar_type(),
+                "; mixtrain trains floating-point parameters");
+  auto module = std::make_shared<ScriptedModel>(std::move(script));
+  TORCH_CHECK(!module->parameters().empty(), path, " has no parameters to train");
+  // The forward's own check names the inputs, so the Model takes any count.
+  return Model(module, [module](const ModelInputs& in) { return module->forward(in); }, -1);
+}
+
+bool is_scripted(const Model& model) { return dynamic_cast<const ScriptedModel*>(model.ptr().get()) != nullptr; }
+
+void save_scripted_model(const Model& model, const std::string& path) {
+  const auto* scripted = dynamic_cast<const ScriptedModel*>(model.ptr().get());
+  TORCH_CHECK(scripted, "save_scripted_model: the model was not loaded from TorchScript");
+  torch::jit::Module copy = scripted->script().clone();
+  // fp32 whatever trained it (master weights keep the model in half); the device stays.
+  for (const auto& p : copy.named_parameters())
+    if (p.value.is_floating_point() && p.value.scalar_type() != torch::kFloat) p.value.set_data(p.value.to(torch::kFloat));
+  for (const auto& b : copy.named_buffers())
+    if (b.value.is_floating_point() && b.value.scalar_type() != torch::kFloat) b.value.set_data(b.value.to(torch::kFloat));
+  copy.to(torch::kCPU);
+  std::ostringstream bytes;
+  copy.save(bytes);
+  write_file_atomically(path, bytes.str());
+}
+
+} // namespace mixtrain

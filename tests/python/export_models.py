@@ -1,0 +1,129 @@
+"""Writes the TorchScript models and torch.save data files the bring-your-own-model
+tests use, the way a PyTorch user would. Run with Debian's python3-torch:
+
+    /usr/bin/python3 tests/python/export_models.py OUT_DIR
+
+Everything is seeded, so the files are the same on every run.
+"""
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(0)
+
+
+def path(name):
+    return os.path.join(out, name)
+
+
+# ---- A model with two inputs: features and a mask over them.
+class MaskedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x, mask):
+        return self.head(self.body(x * mask))
+
+
+def masked_data(n):
+    x = torch.randn(n, 20)
+    mask = (torch.rand(n, 20) > 0.2).float()
+    w = torch.randn(20, 3, generator=torch.Generator().manual_seed(1))
+    y = ((x * mask) @ w).argmax(1)
+    return x, mask, y
+
+
+torch.jit.script(MaskedMLP()).save(path("two_inputs.pt"))
+x, mask, y = masked_data(1024)
+vx, vmask, vy = masked_data(256)
+torch.save({"x": [x, mask], "y": y, "valid_x": [vx, vmask], "valid_y": vy}, path("two_inputs_data.pt"))
+
+
+# ---- A conv net with BatchNorm, traced, on 12x12 images of two classes.
+class SmallConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16),
+                                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def stripes(n):
+    y = torch.randint(0, 2, (n,))
+    img = torch.randn(n, 1, 12, 12) * 0.5
+    img[y == 1, :, ::3, :] += 1.5  # horizontal stripes
+    img[y == 0, :, :, ::3] += 1.5  # vertical stripes
+    return (img - img.mean()) / img.std(), y
+
+
+conv = SmallConvNet()
+images, labels = stripes(768)
+torch.jit.trace(conv, images[:4]).save(path("traced_conv.pt"))
+torch.jit.script(SmallConvNet()).save(path("scripted_conv.pt"))
+torch.save({"x": images, "y": labels}, path("stripes_data.pt"))  # no valid: the seeded split
+
+
+# ---- Self-attention whose logits overflow fp16: q and k are large, their dot products larger.
+class Attention(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, d, bias=False)
+        self.v = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        logits = torch.matmul(self.q(x), self.k(x).transpose(1, 2))
+        return torch.matmul(torch.softmax(logits, dim=-1), self.v(x))
+
+
+class Classifier(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.attn = Attention(d)
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x):  # the residual path lets fp32 learn whatever attention does
+        return self.head((x + self.attn(x)).mean(1))
+
+
+big = Classifier()
+with torch.no_grad():  # q and k entries in the tens to hundreds: many logits pass 65504
+    big.attn.q.weight.normal_(0, 14)
+    big.attn.k.weight.normal_(0, 14)
+torch.jit.script(big).save(path("attention_overflow.pt"))
+seq, valid_seq = torch.randn(1024, 8, 32), torch.randn(256, 8, 32)
+torch.save({"x": seq, "y": seq.mean(1)[:, :4].argmax(1), "valid_x": valid_seq,
+            "valid_y": valid_seq.mean(1)[:, :4].argmax(1)}, path("sequences_data.pt"))
+
+# ---- Bad input.
+torch.save(SmallConvNet().state_dict(), path("state_dict.pt"))  # weights, not TorchScript
+torch.save({"x": images}, path("no_y.pt"))
+torch.save({"x": images, "y": labels[:100]}, path("short_y.pt"))
+torch.save({"x": images, "y": [1, 2, 3]}, path("y_not_tensor.pt"))
+torch.save({"x": images, "y": images[:, 0, 0, 0]}, path("float_targets.pt"))
+torch.save({"x": x, "y": torch.randn(1024, 3)}, path("regression_data.pt"))
+
+
+class IntParam(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(20, 3)
+        self.table = nn.Parameter(torch.arange(3), requires_grad=False)
+
+    def forward(self, x):
+        return self.lin(x) + self.table
+
+
+torch.jit.script(IntParam()).save(path("int_param.pt"))
+torch.jit.script(MaskedMLP().body[0]).save(path("linear_20_32.pt"))  # output 32 wide: does not fit 3 classes
+print("exported to", out)

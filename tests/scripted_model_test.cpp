@@ -1,0 +1,295 @@
+// Bring your own model: TorchScript files exported by python3-torch at test time,
+// torch.save'd data, several inputs, the losses, the trained model as a file,
+// and the built-in resnet and transformer.
+#include "cli_util.h"
+#include "test_util.h"
+
+#include <mixtrain/mixtrain.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <unistd.h>
+
+namespace {
+
+using namespace mixtrain;
+using test::expect_usage_error;
+using test::run_cli;
+
+/// The models and data files tests/python/export_models.py writes, exported once per process.
+const std::string& exported() {
+  // One folder per process: ctest runs tests in parallel processes, and scratch_dir empties its folder.
+  static const std::string dir = test::scratch_dir("exported_models_" + std::to_string(::getpid()));
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) +
+                            "/tests/python/export_models.py " + dir + " > " + dir + "/export.log 2>&1";
+    // python3-torch is installed by scripts/setup.sh; without it these tests fail, not skip.
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "exporting the test models failed: " << test::slurp(dir + "/export.log");
+  });
+  return dir;
+}
+
+std::string file(const std::string& name) { return exported() + "/" + name; }
+
+/// The number on a "key value" line of the CLI's or a script's output.
+double number_after(const std::string& text, const std::string& key) {
+  const size_t at = text.rfind(key);
+  EXPECT_NE(at, std::string::npos) << text;
+  return at == std::string::npos ? NAN : std::atof(text.c_str() + at + key.size());
+}
+
+double accuracy_of(const torch::Tensor& logits, const torch::Tensor& y) {
+  return logits.argmax(-1).eq(y).to(torch::kDouble).mean().item<double>();
+}
+
+class ScriptedModelTest : public test::SeededTest {};
+
+TEST_F(ScriptedModelTest, ParametersAndBuffersHaveTheirPythonPathsAndAreTheScriptsOwn) {
+  Model model = load_scripted_model(file("traced_conv.pt"));
+  EXPECT_TRUE(is_scripted(model));
+  std::vector<std::string> names;
+  for (const auto& p : model.module().named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names.front(), "features.0.weight");
+  EXPECT_EQ(names.back(), "classifier.bias");
+  EXPECT_TRUE(model.module().named_buffers().contains("features.1.running_mean"));
+  // BatchNorm layers are recognized as norm layers (master weights keep them fp32, wd_bn_bias skips them).
+  int64_t norms = 0;
+  for (const auto& m : model.module().modules()) norms += is_norm_layer(*m);
+  EXPECT_EQ(norms, 2);
+  // train() and eval() reach the script: the running statistics move in train mode only.
+  // (A scripted model: torch.jit.trace bakes in the mode it was traced in.)
+  model = load_scripted_model(file("scripted_conv.pt"));
+  const torch::Tensor x = torch::randn({8, 1, 12, 12}) * 3 + 1;
+  const torch::Tensor before = model.module().named_buffers()["features.1.running_mean"].clone();
+  model.module().eval();
+  model.forward(x);
+  EXPECT_TRUE(torch::equal(before, model.module().named_buffers()["features.1.running_mean"]));
+  model.module().train();
+  model.forward(x);
+  EXPECT_FALSE(torch::equal(before, model.module().named_buffers()["features.1.running_mean"]));
+}
+
+TEST_F(ScriptedModelTest, ATracedModelTrainsAndItsCheckpointRestoresIntoAFreshLoad) {
+  const data::DatasetSplit split = data::load_tensor_file(file("stripes_data.pt"), 42);
+  Learner learn(load_scripted_model(file("traced_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+                cross_entropy(), LearnerOptions().metrics({accuracy()}).progress(false));
+  learn.fit_one_cycle(2, 1e-2);
+  EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
+  const std::string ckpt = test::scratch_dir("scripted_ckpt") + "/c.pt";
+  learn.save(ckpt);
+  Learner fresh(load_scripted_model(file("traced_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+                cross_entropy(), LearnerOptions().metrics({accuracy()}).progress(false));
+  fresh.load(ckpt);
+  test::expect_bitwise_equal(learn.model().state_tensors(), fresh.model().state_tensors());
+}
+
+TEST_F(ScriptedModelTest, MasterWeightsKeepAScriptedBatchNormInFp32) {
+  const data::DatasetSplit split = data::load_tensor_file(file("stripes_data.pt"), 42);
+  Learner learn(load_scripted_model(file("scripted_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+                cross_entropy(), LearnerOptions().progress(false));
+  learn.set_precision(Precision::kBf16Master);
+  learn.fit(1, 1e-3);
+  const auto params = learn.model().module().named_parameters();
+  EXPECT_EQ(params["features.0.weight"].scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(params["features.1.weight"].scalar_type(), torch::kFloat);
+  EXPECT_TRUE(std::isfinite(learn.recorder().values().back().valid_loss));
+}
+
+TEST_F(ScriptedModelTest, ANativeModuleWithTwoInputsTrains) {
+  struct TwoInputsImpl : torch::nn::Module {
+    torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 3))};
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& scale) { return fc(x * scale); }
+  };
+  auto net = std::make_shared<TwoInputsImpl>();
+  Model model(net, [net](const ModelInputs& in) { return net->forward(in[0], in[1]); }, 2);
+  data::Dataset train = test::blobs(256, 3, 4, 1), valid = test::blobs(64, 3, 4, 2);
+  train.extra_x = {torch::ones({256, 4})};
+  valid.extra_x = {torch::ones({64, 4})};
+  Learner learn(model, data::DataLoaders::from_split({train, valid}, 32, 0), cross_entropy(),
+                LearnerOptions().metrics({accuracy()}).progress(false));
+  learn.fit_one_cycle(3, 3e-2);
+  EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
+  EXPECT_THROW_WITH(model.forward(train.x), "The model's forward takes 2 inputs but the data has 1");
+}
+
+TEST_F(ScriptedModelTest, ScriptedInputCountIsCheckedWithTheArgumentNames) {
+  Model model = load_scripted_model(file("two_inputs.pt"));
+  EXPECT_THROW_WITH(model.forward(torch::randn({2, 20})), "forward takes 2 inputs (x, mask) but the data has 1");
+  EXPECT_EQ(model.forward({torch::randn({2, 20}), torch::ones({2, 20})}).sizes(), (std::vector<int64_t>{2, 3}));
+}
+
+TEST(LossTest, SequenceCrossEntropyIsTheFlattenedOne) {
+  torch::manual_seed(0);
+  const torch::Tensor logits = torch::randn({2, 5, 7}), y = torch::randint(0, 7, {2, 5});
+  EXPECT_TRUE(torch::allclose(cross_entropy()(logits, y),
+                              torch::nn::functional::cross_entropy(logits.reshape({10, 7}), y.reshape({10}))));
+  EXPECT_THROW_WITH(cross_entropy()(torch::randn({4, 3}), torch::randint(0, 3, {5})),
+                    "the model's output [4, 3] does not fit the targets [5] for cross_entropy");
+  EXPECT_THROW_WITH(cross_entropy()(torch::randn({4, 3}), torch::rand({4})), "cross_entropy needs integer class targets");
+  EXPECT_THROW_WITH(mse()(torch::randn({4, 3}), torch::randint(0, 3, {4, 3})), "mse needs float targets");
+  EXPECT_THROW_WITH(mse()(torch::randn({4, 2}), torch::randn({4})), "output [4, 2] does not fit the targets [4] for mse");
+  const torch::Tensor p = torch::randn({4, 1}), t = torch::randn({4});
+  EXPECT_TRUE(torch::allclose(mse()(p, t), torch::mse_loss(p.squeeze(1), t)));
+  EXPECT_TRUE(torch::allclose(bce_with_logits()(p, (t > 0).to(torch::kLong)),
+                              torch::binary_cross_entropy_with_logits(p.squeeze(1), (t > 0).to(torch::kFloat))));
+  EXPECT_THROW_WITH(loss_by_name("hinge"), "choices: cross_entropy, mse, bce_with_logits");
+}
+
+TEST(TensorFileTest, WithoutValidationDataASeededFifthIsKeptAside) {
+  const data::DatasetSplit a = data::load_tensor_file(file("stripes_data.pt"), 7);
+  const data::DatasetSplit b = data::load_tensor_file(file("stripes_data.pt"), 7);
+  const data::DatasetSplit c = data::load_tensor_file(file("stripes_data.pt"), 8);
+  EXPECT_EQ(a.train.size(), 615);  // 768 - floor(0.2 * 768)
+  EXPECT_EQ(a.valid.size(), 153);
+  EXPECT_TRUE(torch::equal(a.valid.x, b.valid.x));
+  EXPECT_FALSE(torch::equal(a.valid.x, c.valid.x));
+  // Disjoint: every sample is in exactly one of the two.
+  const torch::Tensor all = torch::cat({a.train.x, a.valid.x}).flatten(1).sum(1);
+  const data::DatasetSplit whole = data::load_tensor_file(file("two_inputs_data.pt"), 7);
+  EXPECT_EQ(whole.train.extra_x.size(), 1u);  // [x, mask]
+  EXPECT_EQ(whole.valid.size(), 256);         // its own valid_x / valid_y
+  EXPECT_EQ(all.size(0), 768);
+  EXPECT_EQ(std::get<0>(torch::_unique(all)).size(0), 768);
+}
+
+TEST(TensorFileTest, BadFilesAreOneLineErrors) {
+  EXPECT_THROW_WITH(data::load_tensor_file(file("short_y.pt")), "x has 768 samples but y has 100");
+  EXPECT_THROW_WITH(data::load_tensor_file(file("y_not_tensor.pt")), "'y' is a list, not a tensor");
+  EXPECT_THROW_WITH(data::load_tensor_file(file("no_y.pt")), "it needs a dict with 'x' and 'y'");
+  EXPECT_THROW_WITH(data::load_tensor_file(file("traced_conv.pt")), "is not a file written by torch.save");
+  EXPECT_THROW_WITH(data::load_tensor_file(file("nothere.pt")), "Cannot open data file");
+}
+
+TEST(ModelFileTest, ABuiltInModelRoundTripsAndPredicts) {
+  torch::manual_seed(0);
+  Model cnn = models::by_name("cnn");
+  cnn.module().eval();
+  const torch::Tensor x = torch::randn({10, 1, 28, 28});
+  const std::string path = test::scratch_dir("model_file") + "/cnn.pt";
+  save_model(cnn, path, "cnn");
+  Model loaded = load_model(path);
+  EXPECT_FALSE(loaded.module().is_training());
+  EXPECT_TRUE(torch::equal(predict(cnn, {x}, 4), predict(loaded, {x}, 4)));
+  EXPECT_TRUE(torch::allclose(predict(cnn, {x}, 3), predict(loaded, {x}, 10), 1e-5, 1e-6));
+  EXPECT_THROW_WITH(save_model(cnn, path), "needs its built-in name");
+  EXPECT_THROW_WITH(load_model(file("state_dict.pt")), "is not a TorchScript file");
+}
+
+TEST(BuiltinModelsTest, TheTransformerIsCausalAndTheResnetClassifies) {
+  torch::manual_seed(0);
+  models::TransformerLM lm;
+  lm->eval();
+  torch::Tensor tokens = torch::randint(0, 256, {2, 16});
+  const torch::Tensor a = lm->forward(tokens);
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 16, 256}));
+  tokens.index_put_({torch::indexing::Slice(), 10}, 7);  // change a later token
+  const torch::Tensor b = lm->forward(tokens);
+  using torch::indexing::Slice;
+  EXPECT_TRUE(torch::allclose(a.index({Slice(), Slice(0, 10)}), b.index({Slice(), Slice(0, 10)})));
+  EXPECT_FALSE(torch::allclose(a.index({Slice(), 10}), b.index({Slice(), 10})));
+  EXPECT_THROW_WITH(lm->forward(torch::zeros({1, 65}, torch::kLong)), "context is 64 tokens, got 65");
+  auto resnet = models::resnet();
+  EXPECT_EQ(resnet->forward(torch::randn({3, 1, 28, 28})).sizes(), (std::vector<int64_t>{3, 10}));
+}
+
+TEST(TextCorpusTest, SamplesAreTheTextAndItsNextCharacters) {
+  const std::string path = test::scratch_dir("corpus") + "/text.txt";
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(path) << text;
+  const data::DatasetSplit s = data::text_corpus(path, 16, 0.2);
+  EXPECT_EQ(s.train.x.size(1), 16);
+  EXPECT_EQ(s.train.x[0][0].item<int64_t>(), 't');
+  EXPECT_TRUE(torch::equal(s.train.x[0].slice(0, 1), s.train.y[0].slice(0, 0, 15)));
+  EXPECT_EQ(s.train.size(), static_cast<int64_t>(text.size() * 4 / 5 - 1) / 16);
+  // Unigram perplexity: between 1 and the number of distinct characters (29 here, smoothed over 256).
+  const double ppl = data::unigram_perplexity(s);
+  EXPECT_GT(ppl, 10);
+  EXPECT_LT(ppl, 29);
+  EXPECT_THROW_WITH(data::text_corpus(test::scratch_dir("corpus") + "/none"), "Text corpus not found");
+}
+
+// ---- The CLI, as the README's "Diagnose your PyTorch model" section uses it.
+
+TEST(ScriptedCliTest, TwoInputsTrainInEmulatedFp16AndPythonReadsTheSameAccuracy) {
+  const std::string out = test::scratch_dir("byo_two_inputs");
+  const auto r = run_cli("train --model " + file("two_inputs.pt") + " --data " + file("two_inputs_data.pt") +
+                         " --precision fp16 --epochs 3 --bs 64 --lr 1e-2 --threads 1 --force --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double trained = number_after(r.out, "valid accuracy ");
+  EXPECT_GT(trained, 0.7);
+  // Python's torch.jit.load reads OUT/model.pt; it and mixtrain's predict agree exactly (both fp32).
+  const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) + "/tests/python/eval_model.py " +
+                          out + "/model.pt " + file("two_inputs_data.pt") + " > " + out + "/py.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << test::slurp(out + "/py.txt");
+  const double python = number_after(test::slurp(out + "/py.txt"), "accuracy ");
+  const data::DatasetSplit split = data::load_tensor_file(file("two_inputs_data.pt"));
+  const double cpp = accuracy_of(predict(load_model(out + "/model.pt"), {split.valid.x, split.valid.extra_x.at(0)}), split.valid.y);
+  EXPECT_NEAR(python, cpp, 1e-6);  // the script prints six decimals
+  // Training validated in emulated fp16; fp32 inference may flip a borderline sample or two of 256.
+  EXPECT_NEAR(python, trained, 3.0 / 256);
+}
+
+nlohmann::json doctor(const std::string& model, const std::string& data, const std::string& name) {
+  const std::string out = test::scratch_dir(name);
+  const auto r = run_cli("doctor --model " + model + " --data " + data + " --bs 32 --lr 1e-2 --threads 1 --out " + out);
+  EXPECT_NE(r.code, 2) << r.err;
+  return nlohmann::json::parse(test::slurp(out + "/diagnosis.json"));
+}
+
+TEST(ScriptedCliTest, TheDoctorLocatesAScriptedAttentionOverflowAndPassesAHealthyConvNet) {
+  const auto overflow = doctor(file("attention_overflow.pt"), file("sequences_data.pt"), "byo_doctor_overflow");
+  EXPECT_EQ(overflow["verdict"], "forward_overflow") << overflow.dump(1);
+  const std::string where = overflow.dump();
+  EXPECT_NE(where.find("aten::matmul after attn.k"), std::string::npos) << where;
+  const auto healthy = doctor(file("scripted_conv.pt"), file("stripes_data.pt"), "byo_doctor_healthy");
+  EXPECT_EQ(healthy["verdict"], "healthy") << healthy.dump(1);
+}
+
+TEST(ScriptedCliTest, BadModelsAndDataAreOneLineErrors) {
+  const std::string out = " --bs 16 --threads 1 --force --out " + test::scratch_dir("byo_bad");
+  const auto train = [&](const std::string& model, const std::string& data, const std::string& more = "") {
+    return "train --model " + file(model) + " --data " + file(data) + more + out;
+  };
+  expect_usage_error(train("state_dict.pt", "stripes_data.pt"), "state_dict.pt is not a TorchScript file");
+  expect_usage_error(train("scripted_conv.pt", "no_y.pt"), "it needs a dict with 'x' and 'y'");
+  expect_usage_error(train("scripted_conv.pt", "short_y.pt"), "x has 768 samples but y has 100");
+  expect_usage_error(train("scripted_conv.pt", "y_not_tensor.pt"), "'y' is a list, not a tensor");
+  expect_usage_error(train("two_inputs.pt", "stripes_data.pt"), "forward takes 2 inputs (x, mask) but the data has 1");
+  expect_usage_error(train("scripted_conv.pt", "two_inputs_data.pt"), "forward takes 1 input (x) but the data has 2");
+  expect_usage_error(train("linear_20_32.pt", "regression_data.pt", " --loss mse"),
+                     "the model's output [2, 32] does not fit the targets [2, 3] for mse");
+  expect_usage_error(train("two_inputs.pt", "two_inputs_data.pt", " --loss mse"), "mse needs float targets");
+  expect_usage_error(train("scripted_conv.pt", "float_targets.pt"), "cross_entropy needs integer class targets");
+  expect_usage_error(train("int_param.pt", "regression_data.pt"), "parameter 'table' is Long");
+  expect_usage_error("train --model nothere.pt" + out, "not a built-in model (cnn, mlp, resnet, transformer)");
+  expect_usage_error(train("scripted_conv.pt", "stripes_data.pt", " --loss hinge"), "unknown --loss 'hinge'");
+}
+
+TEST(BuiltinCliTest, TheTransformerLearnsAndTheDoctorJudgesIt) {
+  const std::string dir = test::scratch_dir("byo_transformer");
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "to be or not to be, that is the question. ";
+  std::ofstream(dir + "/text.txt") << text;
+  const auto r = run_cli("train --model transformer --data " + dir + "/text.txt --epochs 2 --bs 8 --lr 1e-2 --threads 1 --force --out " +
+                         dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double baseline = number_after(r.out, "unigram baseline perplexity ");
+  const double ppl = number_after(r.out, "valid perplexity ");
+  EXPECT_LT(ppl, baseline / 2) << r.out;  // a repeated sentence: context predicts it well
+  const auto d = run_cli("doctor --model transformer --data " + dir + "/text.txt --bs 16 --lr 1e-2 --threads 1 --out " +
+                         dir + "/doctor");
+  EXPECT_NE(d.code, 2) << d.err;
+  EXPECT_NE(d.out.find("verdict: "), std::string::npos) << d.out;
+  // The resnet trains on Fashion-MNIST-shaped data and its model.pt loads back.
+  const std::string fashion = test::fake_fashion_dir("byo_resnet", 64, 32);
+  const auto res = run_cli("train --model resnet --data " + fashion + " --bs 16 --threads 1 --force --out " + dir + "/resnet");
+  ASSERT_EQ(res.code, 0) << res.err;
+  EXPECT_EQ(load_model(dir + "/resnet/model.pt").module().parameters().size(),
+            models::by_name("resnet").module().parameters().size());
+}
+
+} // namespace
