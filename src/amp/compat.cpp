@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -96,6 +97,8 @@ bool is_autocast_cache_enabled() { return at::autocast::is_autocast_cache_enable
 void set_autocast_cache_enabled(bool enabled) { at::autocast::set_autocast_cache_enabled(enabled); }
 
 bool cpu_has_native_bf16() {
+  // MIXTRAIN_CPU_BF16=0 makes a bf16 CPU behave as one without (tests, benchmarks).
+  if (const char* forced = std::getenv("MIXTRAIN_CPU_BF16")) return std::string(forced) != "0";
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line))

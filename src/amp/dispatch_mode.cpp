@@ -5,9 +5,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <ATen/ATen.h>
+
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 namespace mixtrain::amp::detail {
 
@@ -28,10 +33,6 @@ int& depth(Mode mode) {
   return trace_depth;
 }
 
-bool runs_in_fp16_under_autocast(const std::string& name) {
-  return autocast_list(name) == AutocastList::kLowerPrecision;
-}
-
 bool is_norm(const std::string& name) {
   return name == "aten::batch_norm" || name == "aten::layer_norm" || name == "aten::group_norm" ||
          name == "aten::instance_norm";
@@ -42,39 +43,230 @@ bool is_reduced(const c10::IValue& v) {
          (v.toTensor().scalar_type() == at::kHalf || v.toTensor().scalar_type() == at::kBFloat16);
 }
 
-c10::IValue round_value(const c10::IValue& v) {
-  if (v.isTensor()) return round_through_half(v.toTensor());
-  if (v.isTensorList()) {
-    std::vector<torch::Tensor> out;
-    for (const auto& t : v.toTensorVector()) out.push_back(round_through_half(t));
-    return out;
+/// Calls `fn` on every defined tensor among `values` (tensors and tensor lists).
+template <typename F>
+void for_each_tensor(c10::ArrayRef<c10::IValue> values, F&& fn) {
+  for (const auto& v : values) {
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) fn(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec())
+        if (t.defined()) fn(t);
+    } else if (v.isList()) {  // Tensor?[] (index's indices)
+      for (const auto& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined()) fn(e.toTensor());
+    }
   }
-  return v;
+}
+
+/// What the emulation needs to know about an op, worked out once per operator.
+struct OpInfo {
+  AutocastList list = AutocastList::kNone;
+  bool in_place = false;             ///< writes its first argument and returns it (add_, relu_, copy_)
+  bool other_mutation = false;       ///< out= overloads, ops that update other arguments (running stats)
+  bool value_preserving = false;     ///< views, copies, relu, max-pooling: outputs hold input values
+  bool follows_first_input = false;  ///< batch/instance norm: the output has the input's dtype
+  bool is_cast = false;              ///< aten::to / _to_copy: an explicit dtype decides
+  int dtype_arg = -1;                ///< the cast's dtype argument
+};
+
+/// Ops whose outputs hold values of their inputs (besides views): rounding them
+/// again would change nothing, so it is skipped. Their backward only moves or
+/// sums gradients, which the producer of their input rounds.
+bool preserves_values(const std::string& name) {
+  static const std::unordered_set<std::string> kOps = {
+      "aten::clone", "aten::contiguous", "aten::reshape", "aten::flatten", "aten::relu", "aten::cat", "aten::stack",
+      "aten::index_select", "aten::gather", "aten::index", "aten::max_pool1d", "aten::max_pool2d",
+      "aten::max_pool3d", "aten::max_pool2d_with_indices", "aten::adaptive_max_pool2d", "aten::neg", "aten::abs",
+      "aten::repeat", "aten::max", "aten::min", "aten::amax", "aten::amin", "aten::sort", "aten::topk",
+      "aten::flip", "aten::roll", "aten::zeros_like", "aten::ones_like", "aten::narrow_copy", "aten::_unsafe_view"};
+  return kOps.count(name) > 0;
+}
+
+const OpInfo& info_of(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> cache;
+  const c10::FunctionSchema& schema = op.schema();
+  const auto found = cache.find(&schema);
+  if (found != cache.end()) return found->second;
+  OpInfo info;
+  const std::string& name = schema.name();
+  const auto& args = schema.arguments();
+  const bool writes_first = !args.empty() && args[0].alias_info() && args[0].alias_info()->isWrite();
+  info.in_place = writes_first && schema.overload_name() != "out" && !name.empty() && name.back() == '_';
+  info.other_mutation = schema.is_mutable() && !info.in_place;
+  // Only the functional overloads are autocast's: an out= overload runs as it is.
+  info.list = schema.is_mutable() ? AutocastList::kNone : autocast_list(name);
+  const auto& rets = schema.returns();
+  const bool view = !rets.empty() && rets[0].alias_info() && !rets[0].alias_info()->isWrite();
+  info.value_preserving = view || preserves_values(name);
+  info.follows_first_input = name == "aten::batch_norm" || name == "aten::instance_norm";
+  info.is_cast = name == "aten::to" || name == "aten::_to_copy";
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].name() == "dtype") info.dtype_arg = static_cast<int>(i);
+  return cache.emplace(&schema, info).first->second;
+}
+
+/// Whether an unlisted (or promote-list) op's result is a reduced-precision
+/// tensor on a GPU: torch's type promotion over its floating inputs, where
+/// tensors with dimensions decide and 0-dim ones count only without them.
+bool result_is_reduced(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
+  if (info.follows_first_input) return !args.empty() && args[0].isTensor() && is_marked(args[0].toTensor());
+  bool dims_seen = false, dims_reduced = true, scalars_seen = false, scalars_reduced = true;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (!t.is_floating_point()) return;
+    const bool r = is_marked(t);
+    if (t.dim() > 0) {
+      dims_seen = true;
+      dims_reduced = dims_reduced && r;
+    } else {
+      scalars_seen = true;
+      scalars_reduced = scalars_reduced && r;
+    }
+  });
+  return dims_seen ? dims_reduced : scalars_seen && scalars_reduced;
+}
+
+/// Copies of `values`' float tensors: what the tracer measures before rounding.
+std::vector<c10::IValue> snapshot(c10::ArrayRef<c10::IValue> values) {
+  std::vector<c10::IValue> out;
+  for (const auto& v : values) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kFloat)
+      out.emplace_back(v.toTensor().clone());
+    else
+      out.push_back(v);
+  }
+  return out;
+}
+
+/// The outputs of an op that ran in the reduced precision: rounded in place
+/// (unless they already hold reduced values), their gradients rounded on the
+/// way back, and marked, so ops that use them know.
+void finish_reduced(c10::ArrayRef<c10::IValue> outputs, bool round, c10::ScalarType dtype) {
+  for_each_tensor(outputs, [&](const at::Tensor& t) {
+    if (t.scalar_type() != at::kFloat) return;
+    if (round) {
+      round_in_place(t, dtype);
+      if (t.requires_grad() && at::GradMode::is_enabled())
+        t.register_hook([dtype](const at::Tensor& g) { return rounded_copy(g, dtype); });
+    }
+    mark_reduced(t);
+  });
+}
+
+/// Runs `op` the way the thread's emulation says. Returns whether its results
+/// are reduced-precision tensors. `raw_outputs`, when given, receives the
+/// outputs before rounding.
+bool emulate_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack,
+                std::vector<c10::IValue>* raw_outputs) {
+  const OpInfo& info = info_of(op);
+  const auto n_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  const auto n_out = static_cast<std::ptrdiff_t>(op.schema().returns().size());
+  const c10::ScalarType dtype = emulated_dtype();
+  const auto outputs = [&] { return c10::ArrayRef<c10::IValue>(&*(stack->end() - n_out), n_out); };
+  const auto keep_raw = [&](bool rounding) {
+    if (raw_outputs) *raw_outputs = rounding ? snapshot(outputs()) : std::vector<c10::IValue>(outputs().begin(), outputs().end());
+  };
+  if (info.other_mutation) {  // out= overloads: the caller's tensor, unrounded
+    op.redispatchBoxed(below, stack);
+    keep_raw(false);
+    return false;
+  }
+  const c10::ArrayRef<c10::IValue> args(&*(stack->end() - n_args), n_args);
+  // Reduced and fp32-list ops: their inner calls are not rounded (as autocast excludes itself).
+  c10::optional<c10::impl::ExcludeDispatchKeyGuard> off;
+  off.emplace(kModeKey);
+
+  if (info.in_place) {
+    // x += y keeps x's dtype: an fp16 result stays one and is rounded again.
+    const at::Tensor self = args[0].isTensor() ? args[0].toTensor() : at::Tensor();
+    const bool reduced = self.defined() && is_marked(self);
+    op.redispatchBoxed(below, stack);
+    keep_raw(reduced && !info.value_preserving);
+    if (reduced && !info.value_preserving) {
+      round_in_place(self, dtype);
+      if (self.requires_grad() && at::GradMode::is_enabled())
+        self.register_hook([dtype](const at::Tensor& g) { return rounded_copy(g, dtype); });
+    }
+    return reduced;
+  }
+
+  if (info.is_cast && n_args > 0 && args[0].isTensor() && args[0].toTensor().scalar_type() == at::kFloat) {
+    // x.to(kHalf) inside emulation gives an emulated half (fp32 storage, rounded);
+    // x.float() leaves fp16: a fresh alias that is not marked.
+    const bool in_reduced = is_marked(args[0].toTensor());
+    c10::optional<c10::ScalarType> target;
+    if (info.dtype_arg >= 0 && !stack->at(stack->size() - n_args + info.dtype_arg).isNone())
+      target = static_cast<c10::ScalarType>(stack->at(stack->size() - n_args + info.dtype_arg).toInt());
+    if (target == dtype) stack->at(stack->size() - n_args + info.dtype_arg) = c10::IValue(static_cast<int64_t>(at::kFloat));
+    const at::Tensor input = args[0].toTensor();
+    op.redispatchBoxed(below, stack);
+    keep_raw(false);
+    auto& out = *(stack->end() - 1);
+    const bool to_reduced = target == dtype || (!target && in_reduced);
+    if (to_reduced) {
+      if (!in_reduced) {
+        out = c10::IValue(round_through(out.toTensor(), dtype));
+        mark_reduced(out.toTensor());
+      } else {
+        mark_reduced(out.toTensor());
+      }
+    } else if (in_reduced && out.isTensor() && out.toTensor().unsafeGetTensorImpl() == input.unsafeGetTensorImpl()) {
+      out = c10::IValue(input.alias());  // the fp32 copy must not share the fp16 result's identity
+    }
+    return to_reduced;
+  }
+
+  switch (info.list) {
+    case AutocastList::kLowerPrecision: {
+      // Autocast's fp16 list: fp32 inputs (weights, fp32 activations) are cast,
+      // fp16 results go in as they are; computed in fp32, the result rounded.
+      for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
+        if (it->isTensor()) {
+          const at::Tensor& t = it->toTensor();
+          if (t.defined() && t.scalar_type() == at::kFloat && !is_marked(t)) *it = round_through(t, dtype);
+        } else if (it->isTensorList()) {
+          std::vector<at::Tensor> ts = it->toTensorVector();
+          for (auto& t : ts)
+            if (t.defined() && t.scalar_type() == at::kFloat && !is_marked(t)) t = round_through(t, dtype);
+          *it = ts;
+        }
+      }
+      op.redispatchBoxed(below, stack);
+      keep_raw(true);
+      finish_reduced(outputs(), /*round=*/true, dtype);
+      return true;
+    }
+    case AutocastList::kFp32:
+      op.redispatchBoxed(below, stack);  // fp32 on the (half) values; the result stays fp32
+      keep_raw(false);
+      return false;
+    case AutocastList::kPromote:
+    case AutocastList::kNone:
+      break;
+  }
+  if (!result_is_reduced(info, args)) {
+    // An unlisted fp32 op: the mode stays on for its inner calls (a composite may call a listed op).
+    if (info.list == AutocastList::kNone) off.reset();
+    op.redispatchBoxed(below, stack);
+    keep_raw(false);
+    return false;
+  }
+  op.redispatchBoxed(below, stack);
+  keep_raw(!info.value_preserving);
+  finish_reduced(outputs(), /*round=*/!info.value_preserving, dtype);
+  return true;
 }
 
 /// Runs `op` with the emulation / norm behaviours. When `raw_outputs` is given it
-/// receives the outputs before emulation rounds them.
-void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
+/// receives the outputs before emulation rounds them. Returns whether the op's
+/// results are fp16/bf16 (emulated or real).
+bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
             std::vector<c10::IValue>* raw_outputs) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kModeKey);
   const std::string& name = op.schema().name();
   const auto n_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   const auto n_out = static_cast<std::ptrdiff_t>(op.schema().returns().size());
 
-  // Only the functional overloads are autocast's: an out= overload (mutable schema)
-  // runs as it is, writing the caller's tensor, as CUDA autocast leaves it alone.
-  // One list look-up per op: this runs for every op while emulation is on.
-  const AutocastList list =
-      emulation_depth > 0 && !op.schema().is_mutable() ? autocast_list(name) : AutocastList::kNone;
-  if (list == AutocastList::kLowerPrecision) {
-    // Round inputs, run with the mode off inside (inner ops are not rounded again), round outputs.
-    c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
-    for (auto it = stack->end() - n_args; it != stack->end(); ++it) *it = round_value(*it);
-    op.redispatchBoxed(below, stack);
-    if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
-    for (auto it = stack->end() - n_out; it != stack->end(); ++it) *it = round_value(*it);
-    return;
-  }
   if (norms_depth > 0 && is_norm(name) && n_args > 0 && is_reduced(*(stack->end() - n_args))) {
     // A norm layer kept in fp32 receiving a half/bf16 input: normalize in fp32
     // (libtorch's CPU layer/group norm reject mixed dtypes), return the input's dtype.
@@ -85,15 +277,18 @@ void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     op.redispatchBoxed(below, stack);
     auto& out = *(stack->end() - n_out);
     if (out.isTensor()) out = out.toTensor().to(dtype);
-  } else if (list == AutocastList::kFp32 || list == AutocastList::kPromote) {
-    // Autocast runs these in fp32 (or the widest input dtype) with itself excluded
-    // for their inner calls: a cdist's or tensordot's inner matmul is not fp16.
-    c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
-    op.redispatchBoxed(below, stack);
-  } else {
-    op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
+    if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
+    return true;
   }
+  if (emulation_depth > 0) return emulate_op(op, below, stack, raw_outputs);
+  op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
   if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
+  // Under real autocast (a GPU), the result's dtype says it.
+  bool reduced = false;
+  for_each_tensor(c10::ArrayRef<c10::IValue>(&*(stack->end() - n_out), n_out), [&](const at::Tensor& t) {
+    reduced = reduced || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+  });
+  return reduced;
 }
 
 void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
@@ -105,8 +300,9 @@ void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
   const std::vector<c10::IValue> inputs(stack->end() - n_args, stack->end());  // refcounted handles
   std::vector<c10::IValue> outputs;
   inside_traced_op = true;
+  bool reduced = false;
   try {
-    run_op(op, keys, stack, &outputs);
+    reduced = run_op(op, keys, stack, &outputs);
   } catch (...) {
     inside_traced_op = false;
     throw;
@@ -115,7 +311,7 @@ void mode_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
   c10::impl::ExcludeDispatchKeyGuard off(kModeKey);  // the observer's own ops are not traced
   const auto n_out = static_cast<std::ptrdiff_t>(op.schema().returns().size());
   const std::vector<c10::IValue> results(stack->end() - n_out, stack->end());
-  observer->on_op(op.schema().name(), inputs, outputs, results, runs_in_fp16_under_autocast(op.schema().name()));
+  observer->on_op(op.schema().name(), inputs, outputs, results, reduced);
 }
 
 /// Registers mode_fallback on kModeKey, once per process, when first needed: the

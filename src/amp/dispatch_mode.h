@@ -7,6 +7,7 @@
 
 #include "mixtrain/amp/op_trace.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <string>
@@ -34,6 +35,19 @@ class DispatchModeGuard {
 };
 
 bool mode_active(Mode mode);
+
+// ---- fp16/bf16 emulation's helpers (fp16_emulation.cpp).
+
+/// A fresh float tensor holding `x` rounded through `dtype` (no autograd).
+at::Tensor rounded_copy(const at::Tensor& x, c10::ScalarType dtype);
+/// Rounds a float tensor's values through `dtype` in place, unseen by autograd
+/// (no version bump): for an op's fresh output, before anyone reads it.
+void round_in_place(const at::Tensor& t, c10::ScalarType dtype);
+/// Records that `t` holds a reduced-precision result; is_marked asks.
+void mark_reduced(const at::Tensor& t);
+bool is_marked(const at::Tensor& t);
+/// The dtype the thread's emulation rounds through (Undefined when off).
+c10::ScalarType emulated_dtype();
 
 /// The key our fallback is registered on.
 constexpr c10::DispatchKey kModeKey = c10::DispatchKey::TESTING_ONLY_GenericMode;

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <optional>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace mixtrain::diagnose {
 
@@ -25,13 +24,6 @@ std::string OpFinding::where() const {
 }
 
 namespace {
-
-/// Ops whose results stay fp32 under CUDA autocast whatever their inputs' dtype:
-/// autocast's fp32 list, plus casts and the reads on the loss side.
-bool runs_in_fp32_under_autocast(const std::string& name) {
-  return amp::autocast_list(name) == amp::AutocastList::kFp32 || name == "aten::to" || name == "aten::_to_copy" ||
-         name == "aten::item" || name == "aten::_local_scalar_dense" || name == "aten::mean";
-}
 
 /// Ops that only move or reinterpret data: they carry a parameter's identity
 /// (autocast's cast of a weight) and an activation's dtype without computing.
@@ -82,20 +74,17 @@ class Tracer : public amp::OpObserver {
   }
 
   void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs,
-             c10::ArrayRef<c10::IValue> results, bool in_fp16_list) override {
-    // Which module, and where the activations come from.
+             c10::ArrayRef<c10::IValue> results, bool fp16) override {
+    // Which module, and whether the activations coming in are finite.
     std::string module;
-    bool any_activation = false, all_activations_fp16 = true, inputs_finite = true;
+    bool inputs_finite = true;
     for_each_tensor(inputs, [&](const torch::Tensor& t) {
       auto it = owner_.find(t.unsafeGetTensorImpl());
       if (it != owner_.end()) {
         if (module.empty()) module = it->second;
         return;
       }
-      if (!t.is_floating_point()) return;
-      any_activation = true;
-      if (!fp16_.count(t.unsafeGetTensorImpl())) all_activations_fp16 = false;
-      if (inputs_finite && !torch::isfinite(t.detach()).all().item<bool>()) inputs_finite = false;
+      if (t.is_floating_point() && inputs_finite && !torch::isfinite(t.detach()).all().item<bool>()) inputs_finite = false;
     });
 
     if (is_cast_or_view(name) && !module.empty()) {
@@ -103,7 +92,6 @@ class Tracer : public amp::OpObserver {
       for_each_tensor(results, [&](const torch::Tensor& t) { remember_owner(t, module); });
       return;
     }
-    const bool fp16 = in_fp16_list || (!runs_in_fp32_under_autocast(name) && any_activation && all_activations_fp16);
     const OutputStats s = stats_of(outputs);
     if (!s.any_float) return;
     OpFinding f;
@@ -115,11 +103,6 @@ class Tracer : public amp::OpObserver {
     f.nonfinite = s.nonfinite;
     f.fp16 = fp16;
     if (!module.empty()) last_module_ = module;
-    if (fp16)
-      for_each_tensor(results, [&](const torch::Tensor& t) {
-        fp16_.insert(t.unsafeGetTensorImpl());
-        keep_.push_back(t);  // keeps the address from being reused by another tensor during the pass
-      });
 
     const bool made_nonfinite = s.nonfinite > 0 && inputs_finite;
     if (fp16 && (s.max_abs > kFp16Max || made_nonfinite)) {
@@ -145,7 +128,6 @@ class Tracer : public amp::OpObserver {
   }
 
   std::unordered_map<const c10::TensorImpl*, std::string> owner_;
-  std::unordered_set<const c10::TensorImpl*> fp16_;
   std::vector<torch::Tensor> keep_;
   std::string last_module_;
   OverflowTrace trace_;

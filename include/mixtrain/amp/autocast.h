@@ -50,7 +50,8 @@ bool cuda_available();
 bool cuda_bf16_supported(int device_index = -1);
 bool is_autocast_cache_enabled();
 void set_autocast_cache_enabled(bool enabled);
-/// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX).
+/// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX). The
+/// environment variable MIXTRAIN_CPU_BF16=0 (or 1) overrides what /proc/cpuinfo says.
 bool cpu_has_native_bf16();
 /// Causal self-attention softmax(q k^T / sqrt(d) + causal mask) v over [B, H, T, d]
 /// tensors: torch 2.x's fused scaled_dot_product_attention where libtorch has it,

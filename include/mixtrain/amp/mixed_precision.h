@@ -16,8 +16,9 @@ namespace mixtrain::amp {
 /// Throws when `dtype` mixed precision cannot run on `device`: bf16 on a CUDA GPU
 /// without bf16 (std::invalid_argument, fastai's message), or fp16 on CPU when
 /// emulation is forbidden (c10::Error). Prints the one-time notices: fp16 emulated on CPU,
-/// and slow bf16 on CPUs without native bf16 instructions.
-/// Returns true when fp16 will be emulated (fp16 on CPU).
+/// bf16 emulated on a CPU without native bf16 instructions.
+/// Returns true when the precision will be emulated (fp16 on CPU; bf16 on a CPU
+/// without avx512_bf16/amx_bf16, where libtorch's bf16 autocast is 5-40x slower).
 bool check_precision_supported(c10::ScalarType dtype, c10::Device device, bool allow_fp16_emulation = true);
 
 /// Runs the forward pass and the loss under autocast (before_batch to

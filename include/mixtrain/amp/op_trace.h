@@ -32,11 +32,12 @@ class OpObserver {
  public:
   virtual ~OpObserver() = default;
   /// `outputs` are measured before fp16 emulation rounds them to half, so a value
-  /// that rounds to inf still shows its real magnitude. `in_fp16_list`: the op is
-  /// on autocast's lower-precision list (it runs in fp16 under CUDA autocast).
+  /// that rounds to inf still shows its real magnitude. `ran_reduced`: the op ran
+  /// in fp16 (or bf16) and its results are fp16 tensors, as the emulation decided
+  /// it (fp16_emulation.h's rules) or, under real autocast, their dtype says.
   /// `results` are what the op returns to its caller (rounded, under emulation).
   virtual void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs,
-                     c10::ArrayRef<c10::IValue> results, bool in_fp16_list) = 0;
+                     c10::ArrayRef<c10::IValue> results, bool ran_reduced) = 0;
 };
 
 /// RAII: `observer` sees this thread's ops while the scope lives; the previous

@@ -38,7 +38,8 @@ class PrecisionCallback : public Callback {
   /// The current loss scale (1 when the loss is not scaled). Its per-step history
   /// is the Recorder's (StepRecord::scale and ::skipped), kept in checkpoints.
   virtual double loss_scale() const = 0;
-  /// Whether fp16 numerics are emulated on a device without fp16 kernels (CPU),
+  /// Whether fp16 (or bf16) numerics are emulated on a device without them (fp16
+  /// on a CPU, bf16 on a CPU without bf16 instructions),
   /// as decided at the start of the last fit.
   virtual bool emulated() const { return false; }
   /// Data parallelism: `reduce` turns a one-element float flag (1 = this rank saw

@@ -49,9 +49,9 @@ struct OverflowTrace {
 
 /// Runs one forward pass and loss of `learn`'s model on `batch` with fp16
 /// numerics (emulated on CPU, CUDA autocast on a GPU) and every op observed.
-/// An op counts as running in fp16 when it is on autocast's fp16 list, or when
-/// all its activation inputs come from fp16 ops and it is not on autocast's fp32
-/// list (relu, add, pooling: they keep their inputs' dtype). The model is in
+/// Which ops run in fp16 is the emulation's decision (amp/fp16_emulation.h: the
+/// fp16 list, and unlisted ops whose inputs are all fp16 results), or on a GPU
+/// the dtype autocast gives their results: one source of truth. The model is in
 /// training mode; its buffers (BatchNorm statistics) are restored afterwards and
 /// no gradient is kept.
 ///
