@@ -73,7 +73,7 @@ DatasetSplit load_tensor_file(const std::string& path, uint64_t seed) {
   const std::string bytes = detail::read_whole_file(path, "data file ");
   c10::IValue loaded;
   try {
-    loaded = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    loaded = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const c10::Error& e) {
     // libtorch's unpickler lacks some opcodes Python writes (a dict with one key uses SETITEM).
     const std::string why = detail::first_line(e.what());

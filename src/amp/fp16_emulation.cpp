@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define MIXTRAIN_HAVE_F16C_PATH 1
 #endif
@@ -43,7 +44,12 @@ __attribute__((target("avx,f16c"))) void round_half_f16c(const float* in, float*
 }
 
 bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c");
+  // "avx" also checks that the OS saves the YMM registers.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+  }();
   return has;
 }
 #endif
