@@ -2,7 +2,7 @@
 // for the GPU check (scripts/gpu-check.sh) on three models:
 //   cnn          the Fashion-MNIST CNN (1x28x28)
 //   resnet       a ResNet-style CNN on 3x128x128
-//   transformer  a stack of transformer encoder layers as a language model
+//   transformer  the built-in GPT-style transformer (models::TransformerLM) at d 1024, 6 layers, context 1024
 // It runs on CPU as well (--device cpu), with --tiny sizes, so that its argument
 // handling and JSON are tested in CI. One JSON object per line on stdout, or to --json.
 //
@@ -126,27 +126,13 @@ nn::Sequential resnet(int64_t width) {
                         nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(8 * width, 10));
 }
 
-/// Tokens [B, S] -> logits [B, S, vocab]; post-norm encoder layers (PyTorch's default), no dropout.
-struct TransformerLMImpl : nn::Module {
-  TransformerLMImpl(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t seq)
-      : embed(register_module("embed", nn::Embedding(vocab, d))),
-        pos(register_parameter("pos", torch::randn({seq, 1, d}) * 0.02)),
-        encoder(register_module("encoder", nn::TransformerEncoder(nn::TransformerEncoderOptions(
-                                               nn::TransformerEncoderLayerOptions(d, heads).dim_feedforward(4 * d).dropout(0.0),
-                                               layers)))),
-        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({d})))),
-        head(register_module("head", nn::Linear(d, vocab))) {}
-  torch::Tensor forward(torch::Tensor tokens) {
-    torch::Tensor h = embed(tokens.t()) + pos;  // [S, B, d]
-    return head(norm(encoder(h))).transpose(0, 1);  // [B, S, vocab]
-  }
-  nn::Embedding embed;
-  torch::Tensor pos;
-  nn::TransformerEncoder encoder;
-  nn::LayerNorm norm;
-  nn::Linear head;
-};
-TORCH_MODULE(TransformerLM);
+/// The built-in transformer (mixtrain::models::TransformerLM: GPT-style, pre-norm,
+/// causal attention through torch 2.x's fused scaled_dot_product_attention) at `vocab`,
+/// `d`, `layers`, `heads` and context `seq`.
+mixtrain::models::TransformerLM transformer(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t seq) {
+  return mixtrain::models::TransformerLM(
+      mixtrain::models::TransformerOptions().vocab(vocab).d_model(d).layers(layers).heads(heads).context(seq));
+}
 
 struct Workload {
   mixtrain::Model model;
@@ -167,7 +153,7 @@ Workload make_workload(const std::string& name, bool tiny, const torch::Device& 
   }
   const int64_t vocab = tiny ? 128 : 8192, d = tiny ? 32 : 1024, layers = tiny ? 2 : 6, seq = tiny ? 16 : 1024;
   const int64_t b = tiny ? 2 : 8;
-  TransformerLM lm(vocab, d, layers, tiny ? 4 : 16, seq);
+  auto lm = transformer(vocab, d, layers, tiny ? 4 : 16, seq);
   torch::Tensor tokens = torch::randint(vocab, {b, seq + 1});
   mixtrain::LossFn lm_loss = [vocab](const torch::Tensor& logits, const torch::Tensor& target) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), target.reshape({-1}));
@@ -258,8 +244,9 @@ Workload make_compare_workload(const std::string& name) {
   auto ce = mixtrain::cross_entropy();
   if (name == "cnn") return {mixtrain::models::simple_cnn(), torch::randn({64, 1, 28, 28}), torch::randint(10, {64}), ce, 64};
   if (name == "resnet") return {resnet(8), torch::randn({16, 3, 32, 32}), torch::randint(10, {16}), ce, 16};
-  const int64_t vocab = 96, d = 128, seq = 64, b = 8;
-  TransformerLM lm(vocab, d, 2, 4, seq);
+  // The built-in transformer workload itself (mixtrain train --model transformer).
+  const int64_t vocab = 256, d = 128, seq = 64, b = 8;
+  auto lm = transformer(vocab, d, 2, 4, seq);
   torch::Tensor tokens = torch::randint(vocab, {b, seq + 1});
   mixtrain::LossFn lm_loss = [vocab](const torch::Tensor& logits, const torch::Tensor& target) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), target.reshape({-1}));

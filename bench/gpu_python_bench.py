@@ -35,19 +35,52 @@ def resnet(width):
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, 10))
 
 
+class Attention(nn.Module):
+    """mixtrain::models::CausalSelfAttention: one qkv linear, fused causal SDPA, a projection."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if hasattr(nn.functional, "scaled_dot_product_attention"):  # torch 2.x, as mixtrain's compat seam
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch 1.13 (the CPU smoke test)
+            future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            logits = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / (q.size(-1) ** 0.5))
+            y = torch.matmul(torch.softmax(logits.masked_fill(future, float("-inf")), -1), v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(d), Attention(d, heads)
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        h = x + self.attn(self.ln1(x))
+        return h + self.fc2(nn.functional.gelu(self.fc1(self.ln2(h))))
+
+
 class TransformerLM(nn.Module):
+    """mixtrain::models::TransformerLM (GPT-style, pre-norm), the built-in transformer at larger sizes."""
+
     def __init__(self, vocab, d, layers, heads, seq):
         super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.randn(seq, 1, d) * 0.02)
-        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=4 * d, dropout=0.0)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab)
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
 
     def forward(self, tokens):
-        h = self.embed(tokens.t()) + self.pos
-        return self.head(self.norm(self.encoder(h))).transpose(0, 1)
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.size(1), device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
 
 
 def workload(name, tiny):

@@ -5,8 +5,10 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 echo "== train_bench: 1 epoch, mixtrain vs Python loop vs raw libtorch loop"
 bash bench/train_bench.sh "$build" 5
-echo "== amp_bench: fused unscale bandwidth, GradScaler overhead per CNN step"
+echo "== amp_bench: fused unscale bandwidth, GradScaler overhead, emulation cost (CNN, transformer), rounding bandwidth"
 "$build/bench/amp_bench"
+echo "== model_bench: TorchScript vs native CNN, transformer step vs PyTorch-Python"
+bash bench/model_bench.sh "$build" 5
 echo "== master_weights_bench: master copy overhead with and without flat_master"
 "$build/bench/master_weights_bench"
 echo "== checkpoint_bench: save/load time against size"

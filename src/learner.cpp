@@ -367,4 +367,18 @@ std::pair<torch::Tensor, torch::Tensor> Learner::get_preds() {
   return {torch::cat(gather->preds), torch::cat(gather->targets)};
 }
 
+std::pair<torch::Tensor, torch::Tensor> Learner::get_preds(const data::DataLoader& loader) {
+  // The validation pass over `loader`: the same events (precision, emulation), then the valid loader back.
+  data::DataLoader valid = loader;
+  std::swap(dls_.valid, valid);
+  try {
+    auto preds = get_preds();
+    std::swap(dls_.valid, valid);
+    return preds;
+  } catch (...) {
+    std::swap(dls_.valid, valid);
+    throw;
+  }
+}
+
 } // namespace mixtrain

@@ -70,6 +70,7 @@ void Recorder::after_batch(Learner& learn) {
     r.loss = loss;
     r.smooth_loss = smooth_value_ / (1 - std::pow(kSmoothBeta, static_cast<double>(smooth_count_)));
     r.lr = get_lr(learn.opt());
+    r.mom = get_mom(learn.opt());
     r.scale = learn.step_info().scale;
     r.skipped = learn.step_info().skipped;
     r.grad_norm = learn.step_info().grad_norm;
@@ -131,12 +132,13 @@ int64_t Recorder::skipped_steps() const {
 }
 
 void Recorder::save_state(torch::serialize::OutputArchive& ar) const {
-  std::vector<double> cols[8];
+  std::vector<double> cols[9];
   for (const auto& s : steps_) {
-    const double row[8] = {double(s.iter), double(s.epoch), s.loss, s.smooth_loss, s.lr, s.scale, double(s.skipped), s.grad_norm};
-    for (int c = 0; c < 8; ++c) cols[c].push_back(row[c]);
+    const double row[9] = {double(s.iter), double(s.epoch), s.loss, s.smooth_loss, s.lr, s.scale, double(s.skipped),
+                           s.grad_norm, s.mom};
+    for (int c = 0; c < 9; ++c) cols[c].push_back(row[c]);
   }
-  for (int c = 0; c < 8; ++c) detail::write_f64s(ar, "steps." + std::to_string(c), cols[c]);
+  for (int c = 0; c < 9; ++c) detail::write_f64s(ar, "steps." + std::to_string(c), cols[c]);
   std::vector<double> ecols[7], metrics;
   for (const auto& e : epochs_) {
     const double row[7] = {double(e.epoch), e.train_loss, e.valid_loss, e.seconds, e.train_seconds, double(e.samples),
@@ -161,13 +163,13 @@ void Recorder::load_state(torch::serialize::InputArchive& ar) {
   const int64_t k = detail::read_i64(ar, "num_metrics");
   TORCH_CHECK(k == static_cast<int64_t>(metrics_.size()), "saved with ", k, " metrics, this learner has ",
               metrics_.size());
-  std::vector<double> cols[8];
-  for (int c = 0; c < 8; ++c) cols[c] = detail::read_f64s(ar, "steps." + std::to_string(c));
+  std::vector<double> cols[9];
+  for (int c = 0; c < 9; ++c) cols[c] = detail::read_f64s(ar, "steps." + std::to_string(c));
   std::vector<double> ecols[7];
   for (int c = 0; c < 7; ++c) ecols[c] = detail::read_f64s(ar, "epochs." + std::to_string(c));
   const auto skipped = detail::read_f64s(ar, "epochs.skipped");
   const auto metrics = detail::read_f64s(ar, "epochs.metrics");
-  for (int c = 1; c < 8; ++c) TORCH_CHECK(cols[c].size() == cols[0].size(), "step history is inconsistent");
+  for (int c = 1; c < 9; ++c) TORCH_CHECK(cols[c].size() == cols[0].size(), "step history is inconsistent");
   for (int c = 1; c < 7; ++c) TORCH_CHECK(ecols[c].size() == ecols[0].size(), "epoch history is inconsistent");
   TORCH_CHECK(skipped.size() == ecols[0].size() && metrics.size() == ecols[0].size() * static_cast<size_t>(k),
               "epoch history is inconsistent");
@@ -182,6 +184,7 @@ void Recorder::load_state(torch::serialize::InputArchive& ar) {
     s.scale = cols[5][i];
     s.skipped = cols[6][i] != 0;
     s.grad_norm = cols[7][i];
+    s.mom = cols[8][i];
     steps.push_back(s);
   }
   std::vector<EpochRecord> epochs;

@@ -66,6 +66,16 @@ double get_lr(const torch::optim::Optimizer& opt) {
   return opt.param_groups().back().options().get_lr();
 }
 
+double get_mom(const torch::optim::Optimizer& opt) {
+  if (opt.param_groups().empty()) return std::numeric_limits<double>::quiet_NaN();
+  const auto& o = opt.param_groups().back().options();
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) return std::get<0>(adamw->betas());
+  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&o)) return std::get<0>(adam->betas());
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&o)) return sgd->momentum();
+  if (const auto* rms = dynamic_cast<const torch::optim::RMSpropOptions*>(&o)) return rms->momentum();
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 bool set_mom(torch::optim::Optimizer& opt, double mom) {
   bool any = false;
   for (auto& group : opt.param_groups()) {

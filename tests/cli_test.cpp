@@ -593,3 +593,32 @@ TEST(CliMultiNodeTest, TwoNodesEndIdenticalAndALostNodeIsNamedWithinSeconds) {
 }
 
 } // namespace
+
+namespace {
+
+// fastai's ergonomics in the CLI: lr_find, keep-best, early stopping, run charts.
+TEST(CliErgonomicsTest, LrFindWritesItsChartAndTableAndTrainWritesRunCharts) {
+  const std::string dir = test::fake_fashion_dir("cli_lr_find", 128, 64);
+  const std::string out = test::scratch_dir("cli_lr_find_out");
+  const CliResult r = run_cli("lr_find --data " + dir + " --bs 16 --num-it 20 --threads 1 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("suggestions: valley "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cycled through it 3 times"), std::string::npos) << r.out;  // 8 batches, 20 steps
+  EXPECT_NE(slurp(out + "/lr_find.svg").find("</svg>"), std::string::npos);
+  const std::string csv = slurp(out + "/lr_find.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 21);  // header + 20 steps
+  expect_usage_error("lr_find --data " + dir + " --bs 16 --num-it 1 --out " + out, "num_it must be >= 2");
+
+  const std::string run = test::scratch_dir("cli_charts_out");
+  const CliResult t = run_cli("train --data " + dir + " --bs 16 --epochs 3 --precision fp16 --save-best --early-stop 5 "
+                              "--monitor accuracy --threads 1 --out " + run);
+  ASSERT_EQ(t.code, 0) << t.err;
+  for (const char* chart : {"/loss.svg", "/lr.svg", "/scale.svg"})
+    EXPECT_NE(slurp(run + chart).find("</svg>"), std::string::npos) << chart;
+  EXPECT_NE(slurp(run + "/lr.svg").find("Momentum"), std::string::npos);
+  expect_usage_error("train --data " + dir + " --bs 16 --early-stop -2 --out " + run + "2", "invalid --early-stop -2");
+  expect_usage_error("train --data " + dir + " --bs 16 --save-best --monitor acc --out " + run + "3",
+                     "unknown --monitor 'acc' (choices: train_loss, valid_loss, accuracy)");
+}
+
+} // namespace

@@ -31,6 +31,8 @@ class PrecisionCallback;
 } // namespace amp
 enum class Precision;
 struct PrecisionOptions;
+struct LrFindOptions;
+struct LrFindResult;
 
 /// Annotations of the current training step, filled by callbacks (mixed
 /// precision, clipping) and copied by the Recorder into its step row.
@@ -150,6 +152,21 @@ class Learner {
   std::vector<double> validate();
   /// Predictions and targets over the validation set, concatenated.
   std::pair<torch::Tensor, torch::Tensor> get_preds();
+  /// The same over any loader (new data, the training set), with the model in
+  /// eval mode and the precision mode's forward (fp16 emulation on CPU), as validation.
+  std::pair<torch::Tensor, torch::Tensor> get_preds(const data::DataLoader& loader);
+
+  /// fastai's lr_find (mixtrain/lr_find.h): sweeps the learning rate exponentially
+  /// over `num_it` training steps, stops when the loss diverges, and returns the
+  /// curve and fastai's suggestions. The model, the optimizer, every callback's
+  /// state and the random generators are restored afterwards: the next fit runs
+  /// exactly as if lr_find never ran. Throws c10::Error naming a bad option.
+  ///
+  /// Example:
+  ///   mixtrain::LrFindResult r = learn.lr_find();
+  ///   learn.fit_one_cycle(1, r.valley);
+  LrFindResult lr_find();
+  LrFindResult lr_find(const LrFindOptions& options);
 
   /// Trains in `precision` from now on (fp32, fp16, bf16, fp16-master,
   /// bf16-master; see mixtrain/precision.h), replacing any earlier precision mode.

@@ -19,6 +19,7 @@ struct StepRecord {
   double loss = 0;           ///< the batch loss (unscaled)
   double smooth_loss = 0;    ///< exponentially smoothed, debiased (fastai's beta 0.98)
   double lr = 0;             ///< learning rate of the last param group during the step
+  double mom = std::numeric_limits<double>::quiet_NaN();  ///< its momentum (beta1 for Adam); NaN without one
   // Columns filled by mixed-precision callbacks; NaN / false when they are not attached.
   double scale = std::numeric_limits<double>::quiet_NaN();      ///< loss scale used for this step
   bool skipped = false;                                          ///< optimizer step skipped (overflow)

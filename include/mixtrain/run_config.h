@@ -34,6 +34,9 @@ struct RunConfig {
   int64_t max_bad_steps = 10;                 ///< with loss scaling: consecutive NaN/inf losses tolerated
   std::string comm_dtype = "fp32";            ///< data parallel: dtype gradients travel in
   int ranks = 1;                              ///< data-parallel ranks the run was trained by
+  std::string monitor = "valid_loss";         ///< what --save-best and --early-stop follow
+  bool save_best = false;                     ///< keep the best epoch's model and end with it
+  int64_t early_stop = -1;                    ///< patience in epochs (-1: off)
 
   /// Every field above as a JSON object. One table in run_config.cpp describes the
   /// fields for both directions.

@@ -49,6 +49,8 @@ Schedule one_cycle_mom(const OneCycleOptions& options = {});
 void set_lr(torch::optim::Optimizer& opt, double lr);
 /// Learning rate of the last param group (fastai reports hypers[-1]).
 double get_lr(const torch::optim::Optimizer& opt);
+/// Momentum of the last param group (beta1 for Adam/AdamW, momentum for SGD/RMSprop); NaN without one.
+double get_mom(const torch::optim::Optimizer& opt);
 /// Sets the momentum of every param group: beta1 for Adam/AdamW, momentum for
 /// SGD/RMSprop. Returns false when the optimizer has no momentum hyper-parameter.
 bool set_mom(torch::optim::Optimizer& opt, double mom);

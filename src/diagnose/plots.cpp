@@ -54,4 +54,68 @@ std::string scale_history_svg(const RunEvidence& r) {
   return line_plot_svg(series, {"Loss-scale history (" + r.precision + ")", "step", "loss scale", true});
 }
 
+namespace {
+std::vector<double> step_column(const Recorder& r, double StepRecord::*field) {
+  std::vector<double> v;
+  for (const auto& s : r.steps()) v.push_back(s.*field);
+  return v;
+}
+
+std::vector<double> epoch_boundaries(const Recorder& r) {
+  std::vector<double> lines;
+  const auto& steps = r.steps();
+  for (size_t i = 1; i < steps.size(); ++i)
+    if (steps[i].epoch != steps[i - 1].epoch) lines.push_back(static_cast<double>(i) - 0.5);
+  return lines;
+}
+
+/// Two SVG documents stacked in one (nested <svg> elements, one above the other).
+std::string stack(const std::string& top, const std::string& bottom, int width, int height) {
+  const auto body = [](const std::string& s) { return s.substr(s.find('>') + 1, s.rfind("</svg>") - s.find('>') - 1); };
+  return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(width) + "\" height=\"" +
+         std::to_string(2 * height) + "\">\n<svg y=\"0\" width=\"" + std::to_string(width) + "\" height=\"" +
+         std::to_string(height) + "\">" + body(top) + "</svg>\n<svg y=\"" + std::to_string(height) + "\" width=\"" +
+         std::to_string(width) + "\" height=\"" + std::to_string(height) + "\">" + body(bottom) + "</svg>\n</svg>\n";
+}
+} // namespace
+
+std::string plot_loss(const Recorder& r) {
+  const auto x = steps_axis(r.steps().size());
+  std::vector<PlotSeries> series{{"", x, step_column(r, &StepRecord::loss), "#c6dbef", true, false, false},
+                                 {"train loss (smoothed)", x, step_column(r, &StepRecord::smooth_loss), "#1f77b4"}};
+  // Validation loss at the last step of each epoch.
+  PlotSeries valid{"valid loss (per epoch)", {}, {}, "#ff7f0e", true, true, true};
+  int64_t step_end = 0;
+  for (const auto& e : r.values()) {
+    step_end += e.steps;
+    valid.x.push_back(static_cast<double>(step_end - 1));
+    valid.y.push_back(e.valid_loss);
+  }
+  if (!valid.x.empty()) series.push_back(valid);
+  PlotOptions o{"Loss", "step (faint: per-batch loss; dotted: epoch boundaries)", "loss"};
+  o.vlines = epoch_boundaries(r);
+  return line_plot_svg(series, o);
+}
+
+std::string plot_sched(const Recorder& r) {
+  const auto x = steps_axis(r.steps().size());
+  PlotOptions lr{"Learning rate", "step", "lr"}, mom{"Momentum (beta1 for Adam)", "step", "momentum"};
+  lr.vlines = mom.vlines = epoch_boundaries(r);
+  const std::string top = line_plot_svg({{"lr", x, step_column(r, &StepRecord::lr), "#1f77b4"}}, lr);
+  const std::string bottom = line_plot_svg({{"momentum", x, step_column(r, &StepRecord::mom), "#2ca02c"}}, mom);
+  return stack(top, bottom, lr.width, lr.height);
+}
+
+std::string plot_scale(const Recorder& r) {
+  RunEvidence run;
+  for (const auto& s : r.steps()) {
+    if (!std::isfinite(s.scale)) continue;
+    run.scales.push_back(s.scale);
+    run.skipped.push_back(s.skipped);
+  }
+  if (run.scales.empty()) return "";
+  run.precision = "this run";
+  return scale_history_svg(run);
+}
+
 } // namespace mixtrain::diagnose

@@ -51,20 +51,24 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
   const double left = 78, right = labelled > 0 ? 200 : 20, top = 40, bottom = 58;
   const double pw = o.width - left - right, ph = o.height - top - bottom;
   auto ty = [&](double y) { return o.log2_y ? std::log2(y) : y; };
-  auto usable = [&](double x, double y) { return std::isfinite(x) && std::isfinite(y) && (!o.log2_y || y > 0); };
+  auto tx = [&](double x) { return o.log10_x ? std::log10(x) : x; };
+  auto usable = [&](double x, double y) {
+    return std::isfinite(x) && std::isfinite(y) && (!o.log2_y || y > 0) && (!o.log10_x || x > 0);
+  };
 
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const auto& s : series)
     for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i)
       if (usable(s.x[i], s.y[i])) {
-        x0 = std::min(x0, s.x[i]);
-        x1 = std::max(x1, s.x[i]);
+        x0 = std::min(x0, tx(s.x[i]));
+        x1 = std::max(x1, tx(s.x[i]));
         y0 = std::min(y0, ty(s.y[i]));
         y1 = std::max(y1, ty(s.y[i]));
       }
   const bool empty = !std::isfinite(x0);
   if (empty) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
   if (x1 == x0) x1 = x0 + 1;
+  if (o.log10_x) x0 = std::floor(x0), x1 = std::ceil(x1);  // whole decades
   if (o.log2_y) {
     // Whole powers of two around the data, at least two of them, so the axis always has ticks.
     y0 = std::floor(y0);
@@ -76,7 +80,8 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     y0 -= ypad;
     y1 += ypad;
   }
-  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
+  auto px = [&](double x) { return left + (tx(x) - x0) / (x1 - x0) * pw; };
+  auto px_raw = [&](double v) { return left + (v - x0) / (x1 - x0) * pw; };
   auto py = [&](double y) { return top + (1 - (ty(y) - y0) / (y1 - y0)) * ph; };
   auto py_raw = [&](double v) { return top + (1 - (v - y0) / (y1 - y0)) * ph; };
 
@@ -89,12 +94,17 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
       << escape(o.title) << "</text>\n";
 
   // Grid and ticks.
-  for (double t : nice_ticks(x0, x1)) {
+  std::vector<double> xticks;
+  if (o.log10_x)
+    for (double k = x0; k <= x1; k += 1) xticks.push_back(k);
+  else
+    xticks = nice_ticks(x0, x1);
+  for (double t : xticks) {
     if (t < x0 || t > x1) continue;
-    svg << "<line x1=\"" << px(t) << "\" y1=\"" << top << "\" x2=\"" << px(t) << "\" y2=\"" << top + ph
+    svg << "<line x1=\"" << px_raw(t) << "\" y1=\"" << top << "\" x2=\"" << px_raw(t) << "\" y2=\"" << top + ph
         << "\" stroke=\"#e5e5e5\"/>\n";
-    svg << "<text x=\"" << px(t) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\" font-size=\"12\">"
-        << detail::short_number(t) << "</text>\n";
+    svg << "<text x=\"" << px_raw(t) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\" font-size=\"12\">"
+        << (o.log10_x ? "1e" + std::to_string(static_cast<int>(t)) : detail::short_number(t)) << "</text>\n";
   }
   std::vector<double> yticks;
   if (o.log2_y) {
@@ -123,7 +133,7 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
 
   // Vertical guides (epoch boundaries) under the series.
   for (double v : o.vlines)
-    if (std::isfinite(v) && v >= x0 && v <= x1)
+    if (std::isfinite(v) && (!o.log10_x || v > 0) && tx(v) >= x0 && tx(v) <= x1)
       svg << "<line x1=\"" << px(v) << "\" y1=\"" << top << "\" x2=\"" << px(v) << "\" y2=\"" << top + ph
           << "\" stroke=\"#999\" stroke-width=\"1\" stroke-dasharray=\"2,3\"/>\n";
 

@@ -99,6 +99,13 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
                                   "fp16-master/bf16-master: the scale never grows past X (default 16777216)");
   cmd.add_flag_function("--flat-master", [&master](int64_t) { master.flat_master(true); },
                         "fp16-master/bf16-master: one contiguous fp32 master buffer per param group");
+  cmd.add_flag("--save-best", r.save_best,
+               "Keep the model of the best epoch (by --monitor) and end the run with it (OUT/model.pt is the best)");
+  cmd.add_option("--early-stop", r.early_stop,
+                 "Stop once PATIENCE epochs in a row brought no improvement in --monitor (fastai's EarlyStopping)");
+  cmd.add_option("--monitor", r.monitor,
+                 "What --save-best and --early-stop follow: valid_loss, train_loss, or a metric (accuracy, perplexity)")
+      ->capture_default_str();
   cmd.add_option("--save-every", r.save_every,
                  "Save a checkpoint every N epochs and after the last (default 0: only on Ctrl-C)");
   cmd.add_option("--keep", r.keep, "Keep only the newest K checkpoints (default 0: all)");
@@ -142,6 +149,7 @@ void validate(const TrainArgs& a, bool check_device) {
   at_least("--save-every", r.save_every, 0);
   at_least("--keep", r.keep, 0);
   at_least("--max-bad-steps", r.max_bad_steps, 0);
+  if (r.early_stop < -1) throw UsageError("invalid --early-stop " + std::to_string(r.early_stop) + ": must be >= 0");
   if (r.comm_dtype != "fp32" && r.comm_dtype != "fp16")
     throw UsageError("invalid --comm-dtype '" + r.comm_dtype + "' (choices: fp32, fp16)");
   // The library's own option checks (c10::Error, reported as one line by main()).

@@ -41,6 +41,25 @@ void install_stop_handlers() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
+/// A monitored value the Learner does not have is a usage error before training starts.
+void check_monitor(mixtrain::Learner& learn, const std::string& monitor) {
+  std::string choices = "train_loss, valid_loss";
+  if (monitor == "train_loss" || monitor == "valid_loss") return;
+  for (const auto& n : learn.recorder().metric_names()) {
+    if (n == monitor) return;
+    choices += ", " + n;
+  }
+  throw UsageError("unknown --monitor '" + monitor + "' (choices: " + choices + ")");
+}
+
+/// OUT/loss.svg, OUT/lr.svg and, with a loss scale, OUT/scale.svg.
+void write_run_charts(mixtrain::Learner& learn, const std::string& out) {
+  mixtrain::write_file_atomically(out + "/loss.svg", mixtrain::diagnose::plot_loss(learn.recorder()));
+  mixtrain::write_file_atomically(out + "/lr.svg", mixtrain::diagnose::plot_sched(learn.recorder()));
+  const std::string scale = mixtrain::diagnose::plot_scale(learn.recorder());
+  if (!scale.empty()) mixtrain::write_file_atomically(out + "/scale.svg", scale);
+}
+
 int run_train(TrainArgs a) {
   validate(a, /*check_device=*/true);
   const mixtrain::RunConfig& r = a.run;
@@ -102,6 +121,9 @@ int run_train(TrainArgs a) {
     learn.add_cb(std::make_shared<mixtrain::testing::RaiseSigintAt>(a.interrupt_at_step));
   auto nan_stop = std::make_shared<mixtrain::callbacks::TerminateOnNaN>(r.max_bad_steps, checkpointer);
   learn.add_cb(nan_stop);
+  if (r.save_best || r.early_stop >= 0) check_monitor(learn, r.monitor);
+  if (r.save_best) learn.add_cb(std::make_shared<mixtrain::callbacks::SaveModel>(r.monitor));
+  if (r.early_stop >= 0) learn.add_cb(std::make_shared<mixtrain::callbacks::EarlyStopping>(r.monitor, 0, r.early_stop));
   if (!checkpoint.empty()) {
     learn.load(checkpoint);
     std::cout << "mixtrain train: resuming " << a.out << " from " << checkpoint << std::endl;
@@ -151,6 +173,7 @@ int run_train(TrainArgs a) {
   if (writer) {
     // The trained model, always: TorchScript for a scripted model (torch.jit.load reads it), else the built-in's weights.
     mixtrain::save_model(learn.model(), a.out + "/model.pt", r.model);
+    write_run_charts(learn, a.out);
     std::string metrics;
     const auto names = learn.recorder().metric_names();
     for (size_t i = 0; i < names.size() && i < last.metrics.size(); ++i) {
@@ -161,6 +184,37 @@ int run_train(TrainArgs a) {
     std::printf("%svalid loss %.4f; run written to %s (trained model: model.pt)\n", metrics.c_str(), last.valid_loss,
                 a.out.c_str());
   }
+  return 0;
+}
+
+/// `mixtrain lr_find`: fastai's learning-rate finder on the model and data the flags
+/// name; prints the suggestions, writes OUT/lr_find.svg and OUT/lr_find.csv.
+int run_lr_find(TrainArgs a, const mixtrain::LrFindOptions& o) {
+  validate(a, /*check_device=*/true);
+  const mixtrain::RunConfig& r = a.run;
+  const int threads = mixtrain::configure_threads(r.threads, thread_policy(r));
+  torch::manual_seed(r.seed);
+  const auto split = load_split(r, /*world_size=*/1);
+  if (a.out.empty()) a.out = default_run_dir("lr_find-");
+  prepare_out_dir(a.out);
+  const auto learner = build_learner(r, split, /*progress=*/false);
+  learner->set_precision(r.precision, r.precision_options);
+  const int64_t batches = learner->dls().train.num_batches();
+  std::cout << "mixtrain lr_find: model " << r.model << ", lr " << o.start_lr() << " to " << o.end_lr() << " over "
+            << o.num_it() << " steps, bs " << r.bs << ", precision " << mixtrain::precision_name(r.precision) << ", "
+            << threads << " thread(s)" << std::endl;
+  const mixtrain::LrFindResult res = learner->lr_find(o);
+  if (res.epochs > 1)
+    std::cout << "the training set has " << batches << " batches per epoch: the sweep cycled through it " << res.epochs
+              << " times (as fastai does)" << std::endl;
+  int64_t skipped = 0;
+  for (bool s : res.skipped) skipped += s;
+  std::cout << res.lrs.size() << " steps" << (res.diverged ? " (stopped: the loss diverged)" : "")
+            << (skipped ? ", " + std::to_string(skipped) + " skipped by the loss scaler (marked in the chart)" : "")
+            << "\nsuggestions: " << res.summary() << std::endl;
+  mixtrain::write_file_atomically(a.out + "/lr_find.svg", res.svg());
+  mixtrain::write_file_atomically(a.out + "/lr_find.csv", res.csv());
+  std::cout << "written: " << a.out << "/lr_find.svg " << a.out << "/lr_find.csv" << std::endl;
   return 0;
 }
 
@@ -237,6 +291,18 @@ int main(int argc, char** argv) {
       "order and schedule; prints a verdict with evidence and fixes, writes OUT/diagnosis.json, loss.svg and "
       "scale.svg. Exit 0 healthy, 1 problem found, 2 error");
   add_train_flags(*doctor, doctor_args, /*for_doctor=*/true);
+  TrainArgs lr_find_args;
+  mixtrain::LrFindOptions lr_find_options;
+  CLI::App* lr_find_cmd = app.add_subcommand(
+      "lr_find", "fastai's learning-rate finder: sweeps the lr from --start-lr to --end-lr over --num-it steps, prints "
+                 "the suggestions (valley, steep, minimum/10), writes OUT/lr_find.svg and OUT/lr_find.csv");
+  add_train_flags(*lr_find_cmd, lr_find_args, /*for_doctor=*/true);
+  lr_find_cmd->add_option_function<double>("--start-lr", [&](double v) { lr_find_options.start_lr(v); },
+                                           "First learning rate (default 1e-7)");
+  lr_find_cmd->add_option_function<double>("--end-lr", [&](double v) { lr_find_options.end_lr(v); },
+                                           "Last learning rate (default 10)");
+  lr_find_cmd->add_option_function<int64_t>("--num-it", [&](int64_t v) { lr_find_options.num_it(v); },
+                                            "Steps of the sweep (default 100)");
   LaunchOptions launch_options;
   CLI::App* launch_cmd = add_launch_subcommand(app, launch_options);
 
@@ -290,6 +356,7 @@ int main(int argc, char** argv) {
       }
       return run_train(train_args);
     }
+    if (lr_find_cmd->parsed()) return run_lr_find(lr_find_args, lr_find_options);
     if (doctor->parsed()) {
       for (const auto& w : ignored_flag_warnings(*doctor, doctor_args.run, static_cast<int>(std::thread::hardware_concurrency())))
         std::cerr << "mixtrain: warning: " << w << std::endl;

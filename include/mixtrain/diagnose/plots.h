@@ -2,6 +2,7 @@
 /// The doctor's charts: what a person would rather look at than read.
 
 #include "mixtrain/diagnose/diagnosis.h"
+#include "mixtrain/recorder.h"
 
 #include <string>
 
@@ -11,5 +12,16 @@ namespace mixtrain::diagnose {
 std::string loss_curves_svg(const Evidence& evidence);
 /// The mixed run's loss scale per step on a log2 axis, skipped steps marked in red.
 std::string scale_history_svg(const RunEvidence& run);
+
+// ---- Any run's charts, from its Recorder (fastai's plot_loss / plot_sched).
+
+/// Per-step loss (faint) and smoothed loss, per-epoch validation loss (markers at
+/// each epoch's last step), epoch boundaries dotted.
+std::string plot_loss(const Recorder& recorder);
+/// Learning rate and momentum per step, each on its own chart, stacked in one SVG.
+std::string plot_sched(const Recorder& recorder);
+/// The loss scale per step (log2 axis), skipped steps in red; empty string when
+/// no step recorded a scale.
+std::string plot_scale(const Recorder& recorder);
 
 } // namespace mixtrain::diagnose

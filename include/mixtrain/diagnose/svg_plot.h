@@ -22,6 +22,7 @@ struct PlotOptions {
   std::string x_label;
   std::string y_label;
   bool log2_y = false;  ///< logarithmic y axis with ticks at powers of two (loss scales)
+  bool log10_x = false; ///< logarithmic x axis with ticks at powers of ten (learning rates)
   std::vector<double> vlines;  ///< x positions of thin vertical guides (epoch boundaries)
   int width = 880;
   int height = 380;
