@@ -73,7 +73,7 @@ std::vector<double> epoch_boundaries(const Recorder& r) {
 std::string stack(const std::string& top, const std::string& bottom, int width, int height) {
   const auto body = [](const std::string& s) { return s.substr(s.find('>') + 1, s.rfind("</svg>") - s.find('>') - 1); };
   return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(width) + "\" height=\"" +
-         std::to_string(2 * height) + "\">\n<svg y=\"0\" width=\"" + std::to_string(width) + "\" height=\"" +
+         std::to_string(2 * height) + "\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n<svg y=\"0\" width=\"" + std::to_string(width) + "\" height=\"" +
          std::to_string(height) + "\">" + body(top) + "</svg>\n<svg y=\"" + std::to_string(height) + "\" width=\"" +
          std::to_string(width) + "\" height=\"" + std::to_string(height) + "\">" + body(bottom) + "</svg>\n</svg>\n";
 }
