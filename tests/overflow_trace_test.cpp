@@ -119,6 +119,21 @@ TEST_F(OverflowTraceTest, ElementwiseOpsFedByFp16OpsAreTracedToo) {
   EXPECT_EQ(t.at_risk.front().where(), "fc (aten::addmm)");
 }
 
+// Causal attention masks the future with -inf on purpose (masked_fill on fp16 logits):
+// the built-in transformer must not be reported as overflowing.
+TEST_F(OverflowTraceTest, MaskingWithMinusInfinityIsNotAnOverflow) {
+  torch::manual_seed(0);
+  models::TransformerLM lm;
+  data::Dataset ds{torch::randint(0, 256, {8, 64}), torch::randint(0, 256, {8, 64})};
+  auto dls = data::DataLoaders(data::DataLoader(ds, data::DataLoaderOptions().batch_size(8)),
+                               data::DataLoader(ds, data::DataLoaderOptions().batch_size(8)));
+  Learner learn(lm, std::move(dls), cross_entropy(), LearnerOptions().progress(false));
+  const diagnose::OverflowTrace t = diagnose::trace_overflow(learn, {ds.x, ds.y});
+  EXPECT_FALSE(t.first_overflow.has_value()) << t.first_overflow->where();
+  EXPECT_FALSE(t.first_fp32_nonfinite.has_value());
+  EXPECT_TRUE(std::isfinite(t.loss));
+}
+
 TEST_F(OverflowTraceTest, NanInputsAreReportedAsInputsNotAsAnOp) {
   Net net;
   auto learn = learner_for(net);

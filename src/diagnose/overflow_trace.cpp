@@ -86,6 +86,10 @@ class Tracer : public amp::OpObserver {
       }
       if (t.is_floating_point() && inputs_finite && !torch::isfinite(t.detach()).all().item<bool>()) inputs_finite = false;
     });
+    // A non-finite scalar argument (masked_fill(mask, -inf) in causal attention) makes
+    // non-finite outputs on purpose: that is not an overflow.
+    for (const auto& v : inputs)
+      if (v.isDouble() && !std::isfinite(v.toDouble())) inputs_finite = false;
 
     if (is_cast_or_view(name) && !module.empty()) {
       // autocast's fp16 copy of a weight (or a view of one) still belongs to its module.
