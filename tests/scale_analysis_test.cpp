@@ -105,22 +105,50 @@ TEST_F(ScaleAnalysisTest, FitWarnsAboveFivePercentSkippedAndStaysSilentBelow) {
     return std::make_unique<Learner>(Model(torch::nn::Linear(4, 3)), std::move(dls), cross_entropy(),
                                      LearnerOptions().progress(false));
   };
-  // 10 steps with 1 overflow = 10% > 5%: a warning naming the verdict.
+  // 10 steps with 4 overflows = 40% > 5%, and more than a scaler's calibration: a warning naming the verdict.
   auto learn = make();
   learn->to_fp16(amp::GradScalerOptions().init_scale(256));  // low enough that nothing overflows by itself
-  learn->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
+  learn->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3, 4, 6, 8})});
   const std::string w = learn->get_cb<diagnose::FitWarning>()->message();
-  EXPECT_NE(w.find("1 of 10 steps (10%) were skipped"), std::string::npos) << w;
+  EXPECT_NE(w.find("4 of 10 steps (40%) were skipped"), std::string::npos) << w;
   EXPECT_NE(w.find("likely underflow"), std::string::npos) << w;
   // The next fit without overflow is judged on its own steps: silent.
   learn->fit(2, 1e-2);
   EXPECT_EQ(learn->get_cb<diagnose::FitWarning>()->message(), "");
+  // 1 of 10 is above 5% but only a scaler finding its level (kCalibrationSkips): silent.
+  auto calibrating = make();
+  calibrating->to_fp16(amp::GradScalerOptions().init_scale(256));
+  calibrating->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
+  EXPECT_EQ(calibrating->get_cb<diagnose::FitWarning>()->message(), "");
   // 1 of 20 = 5% is not above the threshold.
   auto quiet = make();
   quiet->to_fp16(amp::GradScalerOptions().init_scale(256));
   quiet->fit(2, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
   EXPECT_EQ(quiet->recorder().skipped_steps(), 1);
   EXPECT_EQ(quiet->get_cb<diagnose::FitWarning>()->message(), "");
+}
+
+// A few skips are the scaler finding its level (in a short run they pass 5% alone);
+// more than kCalibrationSkips at more than 5% are too many, wherever they happen.
+TEST_F(ScaleAnalysisTest, AShortCalibrationAtTheStartIsNotTooManySkips) {
+  auto run = [](const std::vector<int>& skipped_at) {
+    std::vector<double> scales;
+    std::vector<bool> skipped(32, false);
+    double scale = 65536;
+    for (int i = 0; i < 32; ++i) {
+      scales.push_back(scale);
+      if (std::count(skipped_at.begin(), skipped_at.end(), i)) skipped[i] = true, scale /= 2;
+    }
+    return diagnose::analyze_scale_history(history(scales, skipped, 32));
+  };
+  const auto calibration = run({0, 1});  // 2 of 32 (6.25%), both while settling
+  EXPECT_EQ(calibration.settling_steps, 2);
+  EXPECT_FALSE(diagnose::skips_are_a_problem(calibration));
+  EXPECT_EQ(diagnose::fit_warning(calibration), "");
+  EXPECT_FALSE(diagnose::skips_are_a_problem(run({13, 14})));      // the transformer's: at the peak lr
+  EXPECT_TRUE(diagnose::skips_are_a_problem(run({0, 1, 2, 3})));   // a longer back-off than calibration
+  EXPECT_TRUE(diagnose::skips_are_a_problem(run({3, 9, 15, 21})));
+  EXPECT_NE(diagnose::fit_warning(run({0, 1, 2, 3})), "");
 }
 
 } // namespace

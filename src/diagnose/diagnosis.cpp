@@ -231,7 +231,7 @@ Diagnosis decide(Evidence e) {
 
   // C: it runs, but learns less than fp32.
   const bool gap_problem = gap && *gap > kGapPercentProblem;
-  const bool skip_problem = s && s->skip_rate > kSkipRateProblem;
+  const bool skip_problem = s && skips_are_a_problem(*s);
   const bool pinned = s && s->pinned_at_min_with_flat_loss;
   const bool flushes = e.gradients && e.gradients->underflow > kUnderflowProblem;
   if (gap_problem || skip_problem || pinned || flushes) {

@@ -69,8 +69,12 @@ ScaleAnalysis analyze_scale_history(const std::vector<StepRecord>& steps) {
   return a;
 }
 
+bool skips_are_a_problem(const ScaleAnalysis& a) {
+  return a.has_scale && a.skip_rate > kSkipRateProblem && (a.skipped == 0 || a.skipped > kCalibrationSkips);
+}
+
 std::string fit_warning(const ScaleAnalysis& a) {
-  if (!a.has_scale || a.steps == 0 || (a.skip_rate <= kSkipRateProblem && !a.collapsed)) return "";
+  if (!a.has_scale || a.steps == 0 || (!skips_are_a_problem(a) && !a.collapsed)) return "";
   std::ostringstream s;
   s.precision(3);
   s << a.skipped << " of " << a.steps << " steps (" << 100 * a.skip_rate << "%) were skipped for inf/NaN gradients";

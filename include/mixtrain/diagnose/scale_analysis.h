@@ -40,6 +40,15 @@ struct ScaleAnalysis {
 /// Analyses `steps` (e.g. recorder().steps(), or the tail one fit wrote).
 ScaleAnalysis analyze_scale_history(const std::vector<StepRecord>& steps);
 
+/// A few skipped steps are the scaler finding its level below its initial scale
+/// (each back-off costs one step; 3 take the default 2^16 to 2^13), normal in any
+/// run, as the troubleshooting guide says; in a 32-step run they alone pass 5%.
+constexpr int64_t kCalibrationSkips = 3;
+
+/// Whether the run skipped too many steps: more than kSkipRateProblem of them, and
+/// more than the kCalibrationSkips a scaler needs to find its level.
+bool skips_are_a_problem(const ScaleAnalysis& a);
+
 /// The one-line warning a loss-scaled fit ends with when it skipped more than 5%
 /// of its steps or its scale collapsed (fastai stays silent); "" when neither.
 /// It names the likely verdict: gradient_overflow on collapse, else underflow
