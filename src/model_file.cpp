@@ -26,15 +26,14 @@ void save_model(const Model& model, const std::string& path, const std::string& 
   }
   TORCH_CHECK(!builtin_name.empty(), "save_model: a native model needs its built-in name (",
               "use torch::save for a model of your own)");
+  // On the CPU, floating point as fp32 whatever precision trained it.
+  const auto stored = [](const torch::Tensor& t) {
+    return t.detach().to(torch::kCPU).to(t.is_floating_point() ? torch::kFloat : t.scalar_type());
+  };
   torch::serialize::OutputArchive archive;
   archive.write(kBuiltinKey, c10::IValue(builtin_name));
-  for (const auto& p : model.module().named_parameters())
-    archive.write(p.key(), p.value().detach().to(torch::kCPU).to(p.value().is_floating_point() ? torch::kFloat
-                                                                                              : p.value().scalar_type()));
-  for (const auto& b : model.module().named_buffers())
-    archive.write(b.key(), b.value().detach().to(torch::kCPU).to(b.value().is_floating_point() ? torch::kFloat
-                                                                                             : b.value().scalar_type()),
-                  /*is_buffer=*/true);
+  for (const auto& p : model.module().named_parameters()) archive.write(p.key(), stored(p.value()));
+  for (const auto& b : model.module().named_buffers()) archive.write(b.key(), stored(b.value()), /*is_buffer=*/true);
   std::ostringstream bytes;
   archive.save_to(bytes);
   write_file_atomically(path, bytes.str());

@@ -204,12 +204,8 @@ bool emulate_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch:
     auto& out = *(stack->end() - 1);
     const bool to_reduced = target == dtype || (!target && in_reduced);
     if (to_reduced) {
-      if (!in_reduced) {
-        out = c10::IValue(round_through(out.toTensor(), dtype));
-        mark_reduced(out.toTensor());
-      } else {
-        mark_reduced(out.toTensor());
-      }
+      if (!in_reduced) out = c10::IValue(round_through(out.toTensor(), dtype));
+      mark_reduced(out.toTensor());
     } else if (in_reduced && out.isTensor() && out.toTensor().unsafeGetTensorImpl() == input.unsafeGetTensorImpl()) {
       out = c10::IValue(input.alias());  // the fp32 copy must not share the fp16 result's identity
     }
