@@ -26,6 +26,11 @@ std::vector<torch::Tensor> Batch::inputs() const {
   return in;
 }
 
+Batch Batch::head_of(const Dataset& ds, int64_t n) {
+  const Dataset head = ds.head(n);
+  return {head.x, head.y, head.extra_x};
+}
+
 Batch Batch::to(torch::Device device) const {
   Batch b{x.to(device), y.to(device)};
   for (const auto& e : extra_x) b.extra_x.push_back(e.to(device));

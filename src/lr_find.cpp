@@ -21,7 +21,7 @@ namespace mixtrain {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kSmoothBeta = 0.98;  // fastai's, as the Recorder's
+constexpr double kSmoothBeta = Recorder::kSmoothBeta;  // fastai's, as the Recorder's
 
 /// Sets the learning rate of each step, records the curve, stops on divergence or
 /// after num_it steps, and skips validation (fastai's LRFinder callback).

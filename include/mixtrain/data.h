@@ -45,6 +45,8 @@ struct Batch {
   std::vector<torch::Tensor> inputs() const;
   /// The batch on `device` (no copy when it is there already).
   Batch to(torch::Device device) const;
+  /// The first `n` samples of `ds` as one batch (all of them when it has fewer).
+  static Batch head_of(const Dataset& ds, int64_t n);
 };
 
 struct DataLoaderOptions {

@@ -1,6 +1,7 @@
 #include "dispatch_mode.h"
 
 #include "mixtrain/amp/fp16_emulation.h"
+#include "mixtrain/amp/op_trace.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -41,22 +42,6 @@ bool is_norm(const std::string& name) {
 bool is_reduced(const c10::IValue& v) {
   return v.isTensor() && v.toTensor().defined() &&
          (v.toTensor().scalar_type() == at::kHalf || v.toTensor().scalar_type() == at::kBFloat16);
-}
-
-/// Calls `fn` on every defined tensor among `values` (tensors and tensor lists).
-template <typename F>
-void for_each_tensor(c10::ArrayRef<c10::IValue> values, F&& fn) {
-  for (const auto& v : values) {
-    if (v.isTensor()) {
-      if (v.toTensor().defined()) fn(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec())
-        if (t.defined()) fn(t);
-    } else if (v.isList()) {  // Tensor?[] (index's indices)
-      for (const auto& e : v.toListRef())
-        if (e.isTensor() && e.toTensor().defined()) fn(e.toTensor());
-    }
-  }
 }
 
 /// What the emulation needs to know about an op, worked out once per operator.

@@ -5,6 +5,7 @@
 
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <limits>
@@ -16,6 +17,18 @@ bool lower_is_better(const std::string& monitor) {
   return monitor.find("loss") != std::string::npos || monitor.find("error") != std::string::npos;
 }
 } // namespace
+
+std::vector<std::string> monitorable_values(const Recorder& recorder) {
+  std::vector<std::string> out{"train_loss", "valid_loss"};
+  for (const auto& n : recorder.metric_names()) out.push_back(n);
+  return out;
+}
+
+std::string monitorable_list(const Recorder& recorder) {
+  std::string out;
+  for (const auto& n : monitorable_values(recorder)) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
 
 TrackerCallback::TrackerCallback(std::string monitor, double min_delta)
     : monitor_(std::move(monitor)), min_delta_(std::abs(min_delta)), lower_is_better_(lower_is_better(monitor_)),
@@ -29,14 +42,9 @@ void TrackerCallback::before_fit(Learner& learn) {
     best_epoch_ = -1;
     on_fit_start();
   }
-  if (monitor_ == "valid_loss" || monitor_ == "train_loss") return;
-  const auto names = learn.recorder().metric_names();
-  std::string choices = "train_loss, valid_loss";
-  for (const auto& n : names) {
-    if (n == monitor_) return;
-    choices += ", " + n;
-  }
-  TORCH_CHECK(false, "Unknown monitored value '", monitor_, "' (choices: ", choices, ")");
+  const auto choices = monitorable_values(learn.recorder());
+  TORCH_CHECK(std::find(choices.begin(), choices.end(), monitor_) != choices.end(), "Unknown monitored value '",
+              monitor_, "' (choices: ", monitorable_list(learn.recorder()), ")");
 }
 
 void TrackerCallback::after_epoch(Learner& learn) {

@@ -57,9 +57,7 @@ void fit(Learner& learn, const CompareOptions& o) {
 /// A fixed batch for the diagnostic passes: the first samples, not the loader's
 /// shuffled order (drawing from the loader would change the runs' data order).
 data::Batch probe_batch(Learner& learn) {
-  const data::Dataset& ds = learn.dls().train.dataset();
-  const data::Dataset head = ds.head(std::max<int64_t>(1, learn.dls().train.options().batch_size()));
-  return {head.x, head.y, head.extra_x};
+  return data::Batch::head_of(learn.dls().train.dataset(), std::max<int64_t>(1, learn.dls().train.options().batch_size()));
 }
 
 } // namespace

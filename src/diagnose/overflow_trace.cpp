@@ -38,20 +38,9 @@ struct OutputStats {
   bool any_float = false;
 };
 
-/// Calls `fn` on every defined tensor among an op's values (tensors and tensor lists).
-template <typename F>
-void for_each_tensor(c10::ArrayRef<c10::IValue> values, F&& fn) {
-  for (const auto& v : values) {
-    if (v.isTensor() && v.toTensor().defined()) fn(v.toTensor());
-    if (v.isTensorList())
-      for (const auto& t : v.toTensorVector())
-        if (t.defined()) fn(t);
-  }
-}
-
 OutputStats stats_of(c10::ArrayRef<c10::IValue> values) {
   OutputStats s;
-  for_each_tensor(values, [&](const torch::Tensor& t) {
+  amp::for_each_tensor(values, [&](const torch::Tensor& t) {
     if (!t.is_floating_point() || t.numel() == 0) return;
     s.any_float = true;
     const torch::Tensor f = t.detach().to(torch::kFloat);
@@ -78,7 +67,7 @@ class Tracer : public amp::OpObserver {
     // Which module, and whether the activations coming in are finite.
     std::string module;
     bool inputs_finite = true;
-    for_each_tensor(inputs, [&](const torch::Tensor& t) {
+    amp::for_each_tensor(inputs, [&](const torch::Tensor& t) {
       auto it = owner_.find(t.unsafeGetTensorImpl());
       if (it != owner_.end()) {
         if (module.empty()) module = it->second;
@@ -93,7 +82,7 @@ class Tracer : public amp::OpObserver {
 
     if (is_cast_or_view(name) && !module.empty()) {
       // autocast's fp16 copy of a weight (or a view of one) still belongs to its module.
-      for_each_tensor(results, [&](const torch::Tensor& t) { remember_owner(t, module); });
+      amp::for_each_tensor(results, [&](const torch::Tensor& t) { remember_owner(t, module); });
       return;
     }
     const OutputStats s = stats_of(outputs);

@@ -26,6 +26,23 @@ enum class AutocastList {
 /// The list `op_name` ("aten::addmm") is on.
 AutocastList autocast_list(const std::string& op_name);
 
+/// Calls `fn` on every defined tensor among an op's values: tensors, tensor
+/// lists, and optional-tensor lists (Tensor?[], index's indices).
+template <typename F>
+void for_each_tensor(c10::ArrayRef<c10::IValue> values, F&& fn) {
+  for (const auto& v : values) {
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) fn(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec())
+        if (t.defined()) fn(t);
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined()) fn(e.toTensor());
+    }
+  }
+}
+
 /// Sees every top-level op run on a thread inside an OpTraceScope (ops called
 /// from inside an op are not reported again).
 class OpObserver {

@@ -10,7 +10,17 @@
 #include <string>
 #include <vector>
 
+namespace mixtrain {
+class Recorder;
+}
+
 namespace mixtrain::callbacks {
+
+/// What a TrackerCallback can monitor with `recorder`'s metrics: train_loss,
+/// valid_loss, then the metrics' names.
+std::vector<std::string> monitorable_values(const Recorder& recorder);
+/// "train_loss, valid_loss, accuracy": the choices, for a message.
+std::string monitorable_list(const Recorder& recorder);
 
 /// Follows `monitor` ("valid_loss", "train_loss", or a metric's name) after every
 /// epoch. As fastai: lower is better for names containing "loss" or "error",
