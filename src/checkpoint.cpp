@@ -184,6 +184,8 @@ void Learner::save(const std::string& path) {
   detail::write_i64(ar, "learner.batch", next_batch_);
   detail::write_i64(ar, "learner.train_iter", train_iter_);
   detail::write_i64(ar, "learner.n_epoch", n_epoch_);
+  detail::write_i64(ar, "learner.param_groups", n_groups());
+  detail::write_i64(ar, "learner.frozen_idx", frozen_idx_);
   const bool mid_epoch = next_batch_ > 0 && epoch_loader_state_.defined();
   ar.write("learner.loader_rng", mid_epoch ? epoch_loader_state_ : dls_.train.generator().get_state());
   ar.write("learner.global_rng", at::detail::getDefaultCPUGenerator().get_state());
@@ -319,6 +321,17 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
                 "negative position");
     return 0;
   });
+  // Checkpoints from before parameter groups have neither entry: one group, none frozen.
+  int64_t frozen_idx = 0;
+  guarded("parameter groups", [&] {
+    torch::Tensor t;
+    const int64_t saved_groups = ar.try_read("learner.param_groups", t) ? t.item<int64_t>() : 1;
+    TORCH_CHECK(saved_groups == n_groups(), "saved with ", saved_groups, " parameter group",
+                saved_groups == 1 ? "" : "s", " but this learner's splitter makes ", n_groups());
+    if (ar.try_read("learner.frozen_idx", t)) frozen_idx = t.item<int64_t>();
+    TORCH_CHECK(frozen_idx >= 0 && frozen_idx < saved_groups, "frozen_idx ", frozen_idx, " is out of range");
+    return 0;
+  });
 
   // 2. Apply, all or nothing. The optimizer and the callbacks validate their own
   // entries only as they load them, so everything applying can change is kept
@@ -342,6 +355,9 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
   }
   at::Generator global = at::detail::getDefaultCPUGenerator();  // a handle sharing the global state
   global.set_state(global_rng);
+  // Only a change: unfreezing sets requires_grad on every parameter, which would
+  // undo a user's own requires_grad(false).
+  if (frozen_idx != frozen_idx_) freeze_to(frozen_idx);
   next_epoch_ = resume->epoch;
   next_batch_ = resume->batch;
   epoch_loader_state_ = resume->loader_state;

@@ -10,7 +10,10 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <sstream>
+#include <unordered_set>
 
 namespace mixtrain {
 
@@ -156,27 +159,121 @@ bool zero_weight_decay(torch::optim::OptimizerOptions& o) {
 
 } // namespace
 
+const ParamGroups& Learner::param_groups() {
+  opt();
+  return groups_;
+}
+
+int64_t Learner::n_groups() { return static_cast<int64_t>(param_groups().size()); }
+
 torch::optim::Optimizer& Learner::opt() {
   if (opt_) return *opt_;
-  std::vector<torch::Tensor> params, decay, no_decay;
-  for (const auto& p : model_.module().parameters())
-    if (p.requires_grad()) params.push_back(p);
-  opt_ = options_.opt_func()(params, kDefaultLr);
-  TORCH_CHECK(opt_, "opt_func returned no optimizer");
-  if (options_.wd_bn_bias() || opt_->param_groups().size() != 1) return *opt_;
-  // fastai's wd_bn_bias=False: norm layers' parameters and every bias in a group
-  // without weight decay (fastai's norm_bias_params).
-  for (const auto& m : model_.module().modules(/*include_self=*/true))
-    for (const auto& kv : m->named_parameters(/*recurse=*/false))
-      if (kv.value().requires_grad()) (is_norm_layer(*m) || kv.key() == "bias" ? no_decay : decay).push_back(kv.value());
-  if (no_decay.empty()) return *opt_;
-  auto decayed = opt_->param_groups()[0].options().clone();
-  auto undecayed = decayed->clone();
-  if (!zero_weight_decay(*undecayed)) return *opt_;  // an optimizer we cannot configure: one group, as built
-  opt_->param_groups().clear();
-  if (!decay.empty()) opt_->add_param_group(torch::optim::OptimizerParamGroup(decay, std::move(decayed)));
-  opt_->add_param_group(torch::optim::OptimizerParamGroup(no_decay, std::move(undecayed)));
+  // Every parameter of a group is in the optimizer, frozen or not: a parameter
+  // without a gradient is left alone by it, and unfreezing needs nothing more.
+  groups_ = options_.splitter() ? options_.splitter()(model_.module()) : ParamGroups{model_.module().parameters()};
+  TORCH_CHECK(!groups_.empty(), "the splitter made no parameter groups");
+  std::unordered_set<const void*> seen;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    TORCH_CHECK(!groups_[g].empty(), "the splitter made an empty parameter group (group ", g, ")");
+    for (const auto& p : groups_[g])
+      TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, "the splitter put a parameter in two groups (again in group ",
+                  g, ")");
+  }
+  std::vector<torch::Tensor> all;
+  for (const auto& g : groups_) all.insert(all.end(), g.begin(), g.end());
+  auto opt = options_.opt_func()(all, kDefaultLr);
+  TORCH_CHECK(opt, "opt_func returned no optimizer");
+  if (opt->param_groups().size() != 1) {
+    // An optimizer that makes its own groups is kept as built.
+    TORCH_CHECK(groups_.size() == 1, "opt_func built ", opt->param_groups().size(),
+                " param groups; with a splitter it must build one (mixtrain makes one per parameter group)");
+    group_of_opt_group_.assign(opt->param_groups().size(), 0);
+    opt_ = std::move(opt);
+    return *opt_;
+  }
+  // fastai's wd_bn_bias=False: norm layers' parameters and every bias without
+  // weight decay (fastai's norm_bias_params), in an optimizer group of their own.
+  std::unordered_set<const void*> undecayed_params;
+  if (!options_.wd_bn_bias())
+    for (const auto& m : model_.module().modules(/*include_self=*/true))
+      for (const auto& kv : m->named_parameters(/*recurse=*/false))
+        if (is_norm_layer(*m) || kv.key() == "bias") undecayed_params.insert(kv.value().unsafeGetTensorImpl());
+  const auto& decayed_options = opt->param_groups()[0].options();
+  auto undecayed_options = decayed_options.clone();
+  const bool split_decay = !undecayed_params.empty() && zero_weight_decay(*undecayed_options);
+  std::vector<torch::optim::OptimizerParamGroup> built;
+  group_of_opt_group_.clear();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& p : groups_[g])
+      (split_decay && undecayed_params.count(p.unsafeGetTensorImpl()) ? no_decay : decay).push_back(p);
+    if (!decay.empty()) {
+      built.emplace_back(decay, decayed_options.clone());
+      group_of_opt_group_.push_back(static_cast<int64_t>(g));
+    }
+    if (!no_decay.empty()) {
+      built.emplace_back(no_decay, undecayed_options->clone());
+      group_of_opt_group_.push_back(static_cast<int64_t>(g));
+    }
+  }
+  opt->param_groups().clear();
+  for (auto& group : built) opt->add_param_group(group);
+  opt_ = std::move(opt);
   return *opt_;
+}
+
+void Learner::set_lrs(const std::vector<double>& lrs) {
+  auto& groups = opt().param_groups();
+  TORCH_CHECK(static_cast<int64_t>(lrs.size()) == n_groups(), "set_lrs: got ", lrs.size(),
+              " learning rates but the model has ", n_groups(), " parameter groups");
+  TORCH_CHECK(group_of_opt_group_.size() == groups.size(), "the optimizer has ", groups.size(),
+              " param groups, not the ", group_of_opt_group_.size(), " the Learner made (set_opt must keep them)");
+  for (size_t i = 0; i < groups.size(); ++i)
+    groups[i].options().set_lr(lrs[static_cast<size_t>(group_of_opt_group_[i])]);
+}
+
+std::vector<double> Learner::group_lrs() {
+  auto& groups = opt().param_groups();
+  std::vector<double> lrs(static_cast<size_t>(n_groups()), std::numeric_limits<double>::quiet_NaN());
+  for (size_t i = 0; i < groups.size() && i < group_of_opt_group_.size(); ++i)
+    lrs[static_cast<size_t>(group_of_opt_group_[i])] = groups[i].options().get_lr();
+  return lrs;
+}
+
+void Learner::freeze_to(int64_t n) {
+  const int64_t count = n_groups();
+  TORCH_CHECK(n > -count && n < count, "freeze_to(", n, "): the model has ", count, " parameter group",
+              count == 1 ? "" : "s", ", so n must be in [", 1 - count, ", ", count - 1,
+              "] (at least the last group trains)");
+  const int64_t idx = n < 0 ? count + n : n;
+  std::unordered_set<const void*> norm_params;
+  if (options_.train_bn())
+    for (const auto& m : model_.module().modules(/*include_self=*/true))
+      if (is_norm_layer(*m))
+        for (const auto& p : m->parameters(/*recurse=*/false)) norm_params.insert(p.unsafeGetTensorImpl());
+  for (int64_t g = 0; g < count; ++g)
+    for (auto& p : groups_[static_cast<size_t>(g)]) {
+      const bool trains = g >= idx || norm_params.count(p.unsafeGetTensorImpl()) > 0;
+      p.set_requires_grad(trains);
+      // A zeroed gradient would still be stepped (momentum, weight decay): a
+      // frozen parameter has none.
+      if (!trains) p.mutable_grad() = torch::Tensor();
+    }
+  frozen_idx_ = idx;
+}
+
+void Learner::fine_tune(int64_t epochs, double base_lr, int64_t freeze_epochs, double lr_mult) {
+  TORCH_CHECK(freeze_epochs >= 0, "fine_tune: freeze_epochs must be >= 0, got ", freeze_epochs);
+  TORCH_CHECK(lr_mult >= 1 && std::isfinite(lr_mult), "fine_tune: lr_mult must be >= 1, got ", lr_mult);
+  if (freeze_epochs > 0) {
+    TORCH_CHECK(n_groups() > 1, "fine_tune: the model has one parameter group, so there is nothing to freeze; ",
+                "give LearnerOptions a splitter (e.g. split_at) or pass freeze_epochs 0");
+    freeze();
+    fit_one_cycle(freeze_epochs, lr_slice(base_lr), OneCycleOptions().pct_start(0.99));
+  }
+  base_lr /= 2;
+  unfreeze();
+  fit_one_cycle(epochs, lr_slice(base_lr / lr_mult, base_lr), OneCycleOptions().pct_start(0.3).div(5.0));
 }
 
 Learner& Learner::add_cb(CallbackPtr cb) {
@@ -233,9 +330,9 @@ void Learner::releasing_on_error(F&& body) {
   }
 }
 
-void Learner::fit(int64_t n_epoch, double lr, std::vector<CallbackPtr> cbs) {
+void Learner::fit(int64_t n_epoch, Lrs lr, std::vector<CallbackPtr> cbs) {
   TORCH_CHECK(n_epoch > 0, "Invalid n_epoch: ", n_epoch, " (must be > 0)");
-  TORCH_CHECK(lr > 0, "Invalid lr: ", lr, " (must be > 0)");
+  const std::vector<double> lrs = lr.for_groups(n_groups());
   TORCH_CHECK(dls_.train.num_batches() > 0, "The training set has no full batch (", dls_.train.dataset().size(),
               " samples, batch size ", dls_.train.options().batch_size(), ")");
   for (const auto& cb : cbs) add_cb(cb);
@@ -245,7 +342,7 @@ void Learner::fit(int64_t n_epoch, double lr, std::vector<CallbackPtr> cbs) {
     std::vector<CallbackPtr>& cbs;
     ~Detach() { for (const auto& cb : cbs) l->remove_cb(cb); }
   } detach{this, cbs};
-  set_lr(opt(), lr);
+  set_lrs(lrs);
   n_epoch_ = n_epoch;
   train_iter_ = 0;
   start_epoch_ = 0;
@@ -265,10 +362,13 @@ void Learner::fit(int64_t n_epoch, double lr, std::vector<CallbackPtr> cbs) {
   });
 }
 
-void Learner::fit_one_cycle(int64_t n_epoch, double lr_max, OneCycleOptions options, std::vector<CallbackPtr> cbs) {
-  cbs.push_back(std::make_shared<ParamScheduler>(std::map<std::string, Schedule>{
-      {"lr", one_cycle_lr(lr_max, options)}, {"mom", one_cycle_mom(options)}}));
-  fit(n_epoch, lr_max, std::move(cbs));
+void Learner::fit_one_cycle(int64_t n_epoch, Lrs lr_max, OneCycleOptions options, std::vector<CallbackPtr> cbs) {
+  const std::vector<double> peaks = lr_max.for_groups(n_groups());
+  std::vector<Schedule> lr_scheds;
+  for (double peak : peaks) lr_scheds.push_back(one_cycle_lr(peak, options));
+  cbs.push_back(std::make_shared<ParamScheduler>(std::map<std::string, std::vector<Schedule>>{
+      {"lr", std::move(lr_scheds)}, {"mom", {one_cycle_mom(options)}}}));
+  fit(n_epoch, Lrs(peaks), std::move(cbs));
 }
 
 void Learner::do_fit() {

@@ -19,7 +19,13 @@ struct Field {
   const char* name;
   std::function<json(const RunConfig&)> get;
   std::function<void(RunConfig&, const json&)> set;
+  bool added_later = false;  ///< absent from older args.json files: the default applies
 };
+
+Field added_later(Field f) {
+  f.added_later = true;
+  return f;
+}
 
 template <typename T>
 Field member(const char* name, T RunConfig::*m) {
@@ -47,7 +53,11 @@ const std::vector<Field>& fields() {
       member("save_best", &RunConfig::save_best),
       member("early_stop", &RunConfig::early_stop),
       member("epochs", &RunConfig::epochs),
-      member("lr", &RunConfig::lr),
+      // One learning rate is a number (as args.json always had it); a list or slice is Lrs::parse's text.
+      {"lr", [](const RunConfig& c) { return c.lr == Lrs(c.lr.last()) ? json(c.lr.last()) : json(c.lr.str()); },
+       [](RunConfig& c, const json& j) { c.lr = j.is_string() ? Lrs::parse(j.get<std::string>()) : Lrs(j.get<double>()); }},
+      added_later(member("split_at", &RunConfig::split_at)),
+      added_later(member("freeze_to", &RunConfig::freeze_to)),
       member("bs", &RunConfig::bs),
       member("seed", &RunConfig::seed),
       member("limit", &RunConfig::limit),
@@ -95,6 +105,7 @@ RunConfig RunConfig::from_json(const std::string& text) {
   TORCH_CHECK(j.is_object(), "not a JSON object");
   RunConfig c;
   for (const auto& f : fields()) {
+    if (f.added_later && !j.contains(f.name)) continue;
     TORCH_CHECK(j.contains(f.name), "field '", f.name, "' is missing");
     try {
       f.set(c, j.at(f.name));

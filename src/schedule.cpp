@@ -96,20 +96,39 @@ bool set_mom(torch::optim::Optimizer& opt, double mom) {
   return any;
 }
 
-ParamScheduler::ParamScheduler(std::map<std::string, Schedule> scheds) : scheds_(std::move(scheds)) {
-  for (const auto& kv : scheds_)
+namespace {
+std::map<std::string, std::vector<Schedule>> one_for_all_groups(const std::map<std::string, Schedule>& scheds) {
+  std::map<std::string, std::vector<Schedule>> out;
+  for (const auto& kv : scheds) out[kv.first] = {kv.second};
+  return out;
+}
+} // namespace
+
+ParamScheduler::ParamScheduler(const std::map<std::string, Schedule>& scheds)
+    : ParamScheduler(one_for_all_groups(scheds)) {}
+
+ParamScheduler::ParamScheduler(std::map<std::string, std::vector<Schedule>> scheds) : scheds_(std::move(scheds)) {
+  for (const auto& kv : scheds_) {
     TORCH_CHECK(kv.first == "lr" || kv.first == "mom", "ParamScheduler: unknown hyper-parameter '", kv.first,
                 "' (known: lr, mom)");
+    TORCH_CHECK(!kv.second.empty(), "ParamScheduler: no schedule for '", kv.first, "'");
+    TORCH_CHECK(kv.first == "lr" || kv.second.size() == 1, "ParamScheduler: only lr takes one schedule per group");
+  }
 }
 
 void ParamScheduler::before_batch(Learner& learn) {
   if (!learn.training()) return;
   const double pos = learn.pct_train();
   for (const auto& kv : scheds_) {
-    const double value = kv.second(pos);
     if (kv.first == "lr") {
-      set_lr(learn.opt(), value);
-    } else if (!set_mom(learn.opt(), value)) {
+      if (kv.second.size() == 1) {
+        set_lr(learn.opt(), kv.second[0](pos));
+      } else {
+        std::vector<double> lrs;
+        for (const auto& sched : kv.second) lrs.push_back(sched(pos));
+        learn.set_lrs(lrs);  // throws when the schedules do not match the groups
+      }
+    } else if (!set_mom(learn.opt(), kv.second[0](pos))) {
       TORCH_WARN_ONCE("ParamScheduler: the optimizer has no momentum; the momentum schedule is ignored");
     }
   }

@@ -98,6 +98,27 @@ TEST_F(ScriptedModelTest, MasterWeightsKeepAScriptedBatchNormInFp32) {
   EXPECT_TRUE(std::isfinite(learn.recorder().values().back().valid_loss));
 }
 
+TEST_F(ScriptedModelTest, AnExportedModelFineTunesWithItsFeaturesFrozen) {
+  // The fine-tuning path: a PyTorch model split at its Python attribute names,
+  // the feature extractor frozen while the classifier trains, then everything.
+  const data::DatasetSplit split = data::load_tensor_file(file("stripes_data.pt"), 42);
+  Learner learn(load_scripted_model(file("scripted_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+                cross_entropy(),
+                LearnerOptions().progress(false).metrics({accuracy()}).splitter(split_at({"classifier"})).train_bn(false));
+  ASSERT_EQ(learn.n_groups(), 2);
+  auto params = learn.model().module().named_parameters();
+  const torch::Tensor conv = params["features.0.weight"].detach().clone();
+  const torch::Tensor head = params["classifier.weight"].detach().clone();
+  learn.freeze();
+  learn.fit_one_cycle(1, 1e-2);
+  EXPECT_TRUE(torch::equal(params["features.0.weight"], conv));
+  EXPECT_FALSE(torch::equal(params["classifier.weight"], head));
+  learn.unfreeze();
+  learn.fit_one_cycle(1, lr_slice(1e-3, 1e-2));
+  EXPECT_FALSE(torch::equal(params["features.0.weight"], conv));
+  EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
+}
+
 TEST_F(ScriptedModelTest, ANativeModuleWithTwoInputsTrains) {
   struct TwoInputsImpl : torch::nn::Module {
     torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 3))};

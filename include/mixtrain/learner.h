@@ -6,6 +6,7 @@
 #include "mixtrain/callback.h"
 #include "mixtrain/data.h"
 #include "mixtrain/metrics.h"
+#include "mixtrain/param_groups.h"
 #include "mixtrain/recorder.h"
 #include "mixtrain/schedule.h"
 
@@ -124,6 +125,11 @@ struct LearnerOptions {
   /// false: they get weight decay 0 in a param group of their own, for the
   /// optimizers libtorch ships: AdamW, Adam, SGD, RMSprop, Adagrad).
   TORCH_ARG(bool, wd_bn_bias) = false;
+  /// Cuts the model's parameters into groups (mixtrain/param_groups.h): one
+  /// learning rate per group, and freeze_to. Default: one group of every parameter.
+  TORCH_ARG(Splitter, splitter) = nullptr;
+  /// Norm layers stay trainable in frozen groups (fastai's train_bn).
+  TORCH_ARG(bool, train_bn) = true;
 };
 
 /// fastai's default learning rate for fit / fit_one_cycle.
@@ -143,11 +149,39 @@ class Learner {
  public:
   Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOptions options = {});
 
-  /// Trains `n_epoch` epochs at constant `lr`. `cbs` are attached for this fit only.
-  void fit(int64_t n_epoch, double lr = kDefaultLr, std::vector<CallbackPtr> cbs = {});
-  /// Trains with the one-cycle policy (lr and momentum schedules), fastai's defaults.
-  void fit_one_cycle(int64_t n_epoch, double lr_max = kDefaultLr, OneCycleOptions options = {},
+  /// Trains `n_epoch` epochs at constant `lr` (one value, or one per parameter
+  /// group: Lrs, lr_slice). `cbs` are attached for this fit only.
+  void fit(int64_t n_epoch, Lrs lr = kDefaultLr, std::vector<CallbackPtr> cbs = {});
+  /// Trains with the one-cycle policy (lr and momentum schedules), fastai's
+  /// defaults; each parameter group follows the cycle to its own peak in `lr_max`.
+  void fit_one_cycle(int64_t n_epoch, Lrs lr_max = kDefaultLr, OneCycleOptions options = {},
                      std::vector<CallbackPtr> cbs = {});
+  /// fastai's fine_tune: `freeze_epochs` one-cycle epochs with only the last
+  /// group training (at slice(base_lr)), then `epochs` with every group, at
+  /// slice(base_lr / 2 / lr_mult, base_lr / 2), pct_start 0.3 and div 5.
+  void fine_tune(int64_t epochs, double base_lr = 2e-3, int64_t freeze_epochs = 1, double lr_mult = 100);
+
+  // ---- Parameter groups (fastai's splitter, freeze, discriminative lr) --------
+  /// How many groups the splitter made (1 without one).
+  int64_t n_groups();
+  /// Trains only groups n.. from now on: the parameters of groups before n stop
+  /// requiring gradients (norm layers' stay trainable with train_bn), so the
+  /// optimizer leaves them and their state untouched. Negative n counts from the
+  /// end. Throws c10::Error unless -n_groups < n < n_groups (at least one group trains).
+  void freeze_to(int64_t n);
+  /// Trains only the last group (fastai's freeze).
+  void freeze() { freeze_to(-1); }
+  /// Trains every group.
+  void unfreeze() { freeze_to(0); }
+  /// Groups before this one are frozen (0: none).
+  int64_t frozen_idx() const { return frozen_idx_; }
+  /// The model's parameters of each group, as the splitter made them.
+  const ParamGroups& param_groups();
+  /// Sets each group's learning rate (one value per group; every optimizer
+  /// param group of a parameter group gets it). Throws c10::Error on a count mismatch.
+  void set_lrs(const std::vector<double>& lrs);
+  /// Each parameter group's current learning rate.
+  std::vector<double> group_lrs();
   /// Runs the validation set: returns {valid_loss, metric...}.
   std::vector<double> validate();
   /// Predictions and targets over the validation set, concatenated.
@@ -241,7 +275,8 @@ class Learner {
   /// The optimizer, created from opt_func on first use (as fastai's create_opt).
   torch::optim::Optimizer& opt();
   bool has_opt() const { return static_cast<bool>(opt_); }
-  /// Replaces the optimizer (e.g. rebuilt over fp32 master weights).
+  /// Replaces the optimizer (e.g. rebuilt over fp32 master weights). It must keep
+  /// the old one's param groups, in order: they say which parameter group is which.
   void set_opt(std::unique_ptr<torch::optim::Optimizer> opt) { opt_ = std::move(opt); }
   Recorder& recorder() { return *recorder_; }
   const LearnerOptions& options() const { return options_; }
@@ -289,6 +324,9 @@ class Learner {
   LossFn loss_fn_;
   LearnerOptions options_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
+  ParamGroups groups_;                  // the model's parameters per group (the splitter's)
+  std::vector<int64_t> group_of_opt_group_;  // parameter group of each optimizer param group
+  int64_t frozen_idx_ = 0;
   std::shared_ptr<Recorder> recorder_;
   std::vector<CallbackPtr> cbs_;
 

@@ -38,6 +38,7 @@
 #include "mixtrain/metrics.h"
 #include "mixtrain/model_file.h"
 #include "mixtrain/models.h"
+#include "mixtrain/param_groups.h"
 #include "mixtrain/precision.h"
 #include "mixtrain/recorder.h"
 #include "mixtrain/run_config.h"

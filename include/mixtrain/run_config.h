@@ -4,6 +4,7 @@
 /// nothing else.
 
 #include "mixtrain/data.h"
+#include "mixtrain/param_groups.h"
 #include "mixtrain/precision.h"
 
 #include <cstdint>
@@ -19,7 +20,7 @@ struct RunConfig {
   std::string model = "cnn";                  ///< built-in model name, or a TorchScript file
   std::string loss = "cross_entropy";         ///< cross_entropy, mse or bce_with_logits
   int64_t epochs = 1;
-  double lr = 3e-3;                           ///< peak of the one-cycle schedule
+  Lrs lr = 3e-3;                              ///< peak of the one-cycle schedule, or one per parameter group
   int64_t bs = 256;                           ///< batch size (per rank under data parallelism)
   uint64_t seed = 42;
   int64_t limit = -1;                         ///< first N training samples (-1: all)
@@ -37,11 +38,14 @@ struct RunConfig {
   std::string monitor = "valid_loss";         ///< what --save-best and --early-stop follow
   bool save_best = false;                     ///< keep the best epoch's model and end with it
   int64_t early_stop = -1;                    ///< patience in epochs (-1: off)
+  std::string split_at;                       ///< parameter groups start at these names ("a,b"; empty: one group)
+  int64_t freeze_to = 0;                      ///< groups before this one do not train
 
   /// Every field above as a JSON object. One table in run_config.cpp describes the
   /// fields for both directions.
   std::string to_json() const;
-  /// The inverse of to_json(); throws c10::Error naming a missing or mistyped field.
+  /// The inverse of to_json(); throws c10::Error naming a missing or mistyped
+  /// field. Fields added since a run directory was written keep their defaults.
   static RunConfig from_json(const std::string& text);
   /// Writes `dir`/args.json atomically.
   void write(const std::string& dir) const;

@@ -59,12 +59,16 @@ bool set_mom(torch::optim::Optimizer& opt, double mom);
 /// pos = train_iter / total_iters (fastai's ParamScheduler).
 class ParamScheduler : public Callback {
  public:
-  explicit ParamScheduler(std::map<std::string, Schedule> scheds);
+  /// One schedule per hyper-parameter, for every parameter group.
+  explicit ParamScheduler(const std::map<std::string, Schedule>& scheds);
+  /// One schedule per hyper-parameter, or one per parameter group (lr only:
+  /// discriminative learning rates, as fastai schedules a slice).
+  explicit ParamScheduler(std::map<std::string, std::vector<Schedule>> scheds);
   std::string name() const override { return "ParamScheduler"; }
   void before_batch(Learner& learn) override;
 
  private:
-  std::map<std::string, Schedule> scheds_;
+  std::map<std::string, std::vector<Schedule>> scheds_;
 };
 
 } // namespace mixtrain

@@ -10,6 +10,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -219,6 +220,13 @@ void MasterWeights::before_step(Learner& learn) {
   torch::NoGradGuard no_grad;
   for (auto& g : groups_) {
     if (options_.flat_master()) {
+      const bool any_grad = std::any_of(g.params.begin(), g.params.end(),
+                                        [](const torch::Tensor& p) { return p.grad().defined(); });
+      if (!any_grad) {
+        // A wholly frozen group: no gradient, so the optimizer skips the buffer and its state.
+        g.flat.mutable_grad() = torch::Tensor();
+        continue;
+      }
       if (!g.flat.grad().defined()) g.flat.mutable_grad() = torch::zeros_like(g.flat);
       std::vector<torch::Tensor> parts;
       for (size_t i = 0; i < g.params.size(); ++i) {
@@ -235,7 +243,12 @@ void MasterWeights::before_step(Learner& learn) {
       for (size_t i = 0; i < g.params.size(); ++i) {
         const torch::Tensor& pg = g.params[i].grad();
         torch::Tensor& mg = g.masters[i].mutable_grad();
-        if (!pg.defined()) continue;
+        if (!pg.defined()) {
+          // Frozen or unused: no gradient, so the optimizer leaves the master
+          // alone (a stale or zeroed one would still move it through momentum).
+          mg = torch::Tensor();
+          continue;
+        }
         if (!mg.defined()) mg = torch::empty_like(g.masters[i]);
         mg.copy_(pg).div_(scale_used);
       }

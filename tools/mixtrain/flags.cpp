@@ -44,7 +44,26 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
   cmd.add_option("--loss", r.loss, "Loss: cross_entropy (classes; also [N, T, C] sequences), mse, bce_with_logits")
       ->capture_default_str();
   cmd.add_option("--epochs", r.epochs, "Epochs to train (>= 1)")->capture_default_str();
-  cmd.add_option("--lr", r.lr, "Peak learning rate of the one-cycle schedule (> 0)")->capture_default_str();
+  cmd.add_option_function<std::string>(
+         "--lr",
+         [&r](const std::string& v) {
+           try {
+             r.lr = mixtrain::Lrs::parse(v);
+           } catch (const c10::Error& e) {
+             // In the CLI's words: "invalid --lr -1: must be > 0", "invalid --lr x (takes ...)".
+             const std::string m = e.msg();
+             const size_t takes = m.find(" (takes");
+             const std::string why = m.rfind("Invalid lr: ", 0) == 0 ? ": must be > 0"
+                                     : takes != std::string::npos  ? m.substr(takes)
+                                                                   : ": " + m;
+             throw CLI::ValidationError("invalid --lr " + v + why);
+           }
+         },
+         for_doctor ? "Peak learning rate of the one-cycle schedule (> 0)"
+                    : "Peak learning rate of the one-cycle schedule (> 0); with --split-at one per parameter group "
+                      "(1e-4,1e-3) or fastai's slice: LO:HI spreads them geometrically, :HI gives HI/10 to all but "
+                      "the last group")
+      ->default_str(r.lr.str());
   cmd.add_option("--bs", r.bs, "Batch size (>= 1)")->capture_default_str();
   cmd.add_option_function<int64_t>(
          "--seed",
@@ -99,6 +118,12 @@ void add_train_flags(CLI::App& cmd, TrainArgs& a, bool for_doctor) {
                                   "fp16-master/bf16-master: the scale never grows past X (default 16777216)");
   cmd.add_flag_function("--flat-master", [&master](int64_t) { master.flat_master(true); },
                         "fp16-master/bf16-master: one contiguous fp32 master buffer per param group");
+  cmd.add_option("--split-at", r.split_at,
+                 "Parameter groups: a new group starts at each named layer (comma-separated parameter-name "
+                 "prefixes in model order, e.g. head or 4,8); each group gets its own --lr");
+  cmd.add_option("--freeze-to", r.freeze_to,
+                 "Train only parameter groups N and after (with --split-at; norm layers still train, as fastai)")
+      ->capture_default_str();
   cmd.add_flag("--save-best", r.save_best,
                "Keep the model of the best epoch (by --monitor) and end the run with it (OUT/model.pt is the best)");
   cmd.add_option("--early-stop", r.early_stop,
@@ -134,7 +159,9 @@ void validate(const TrainArgs& a, bool check_device) {
   auto at_least = [](const char* flag, int64_t v, int64_t lo) {
     if (v < lo) throw UsageError(std::string("invalid ") + flag + " " + std::to_string(v) + ": must be >= " + std::to_string(lo));
   };
-  if (!(r.lr > 0) || !std::isfinite(r.lr)) throw UsageError("invalid --lr " + format_number(r.lr) + ": must be > 0");
+  if (r.split_at.empty() && r.freeze_to != 0)
+    throw UsageError("--freeze-to " + std::to_string(r.freeze_to) + " needs parameter groups: name where they start "
+                     "with --split-at");
   at_least("--bs", r.bs, 1);
   at_least("--epochs", r.epochs, 1);
   if (r.limit == 0 || r.limit < -1) throw UsageError("invalid --limit " + std::to_string(r.limit) + ": must be >= 1");

@@ -31,10 +31,7 @@ std::vector<mixtrain::Metric> metrics_for(const mixtrain::RunConfig& r) {
 /// data (input count, output shape, target dtype) is a one-line error before
 /// anything trains or is written.
 void check_model_fits_data(mixtrain::Learner& learn) {
-  const mixtrain::data::Batch probe = [&] {
-    const auto head = learn.dls().train.dataset().head(2);
-    return mixtrain::data::Batch{head.x, head.y, head.extra_x};
-  }();
+  const mixtrain::data::Batch probe = mixtrain::data::Batch::head_of(learn.dls().train.dataset(), 2);
   torch::NoGradGuard no_grad;
   learn.model().module().eval();
   try {
@@ -51,6 +48,30 @@ void check_model_fits_data(mixtrain::Learner& learn) {
     throw UsageError("the model does not run on the data: " + m.substr(0, m.find('\n')));
   }
   learn.model().module().train();
+}
+
+/// --split-at's groups (the splitter runs here, so a bad name is a usage error
+/// before training), --lr's count against them, and --freeze-to.
+void apply_param_groups(const mixtrain::RunConfig& r, mixtrain::Learner& learn) {
+  int64_t groups = 1;
+  try {
+    groups = learn.n_groups();
+  } catch (const c10::Error& e) {
+    std::string m = e.msg();
+    if (m.rfind("split_at: ", 0) == 0) m = m.substr(10);
+    throw UsageError("--split-at " + r.split_at + ": " + m.substr(0, m.find('\n')));
+  }
+  try {
+    r.lr.for_groups(groups);
+  } catch (const c10::Error& e) {
+    throw UsageError("--lr " + r.lr.str() + ": " + e.msg() + (r.split_at.empty() ? " (--split-at makes groups)" : ""));
+  }
+  if (r.freeze_to == 0) return;
+  if (r.freeze_to < 0 || r.freeze_to >= groups)
+    throw UsageError("invalid --freeze-to " + std::to_string(r.freeze_to) + ": --split-at " + r.split_at + " makes " +
+                     std::to_string(groups) + " parameter groups, so it must be in [0, " + std::to_string(groups - 1) +
+                     "] (the last group always trains)");
+  learn.freeze_to(r.freeze_to);
 }
 
 } // namespace
@@ -83,10 +104,19 @@ mixtrain::Model build_model(const mixtrain::RunConfig& r) {
 
 std::unique_ptr<mixtrain::Learner> build_learner(const mixtrain::RunConfig& r, const mixtrain::data::DatasetSplit& split,
                                                  bool progress) {
+  auto options = mixtrain::LearnerOptions().metrics(metrics_for(r)).progress(progress).wd_bn_bias(r.wd_bn_bias);
+  if (!r.split_at.empty()) {
+    try {
+      options.splitter(mixtrain::split_at(mixtrain::split_names(r.split_at)));
+    } catch (const c10::Error& e) {
+      throw UsageError("--split-at " + r.split_at + ": " + e.msg());
+    }
+  }
   auto learn = std::make_unique<mixtrain::Learner>(
       build_model(r), mixtrain::data::DataLoaders::from_split(split, r.bs, r.seed), mixtrain::loss_by_name(r.loss),
-      mixtrain::LearnerOptions().metrics(metrics_for(r)).progress(progress).wd_bn_bias(r.wd_bn_bias));
+      options);
   check_model_fits_data(*learn);
+  apply_param_groups(r, *learn);
   // Orders 20 and 5: they run after / before the precision callbacks added later, whatever the insertion order.
   if (r.clip > 0) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientClip>(r.clip));
   if (r.accum > 1) learn->add_cb(std::make_shared<mixtrain::callbacks::GradientAccumulation>(r.accum));

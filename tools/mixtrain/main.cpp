@@ -43,13 +43,9 @@ void install_stop_handlers() {
 
 /// A monitored value the Learner does not have is a usage error before training starts.
 void check_monitor(mixtrain::Learner& learn, const std::string& monitor) {
-  std::string choices = "train_loss, valid_loss";
-  if (monitor == "train_loss" || monitor == "valid_loss") return;
-  for (const auto& n : learn.recorder().metric_names()) {
-    if (n == monitor) return;
-    choices += ", " + n;
-  }
-  throw UsageError("unknown --monitor '" + monitor + "' (choices: " + choices + ")");
+  const auto choices = mixtrain::callbacks::monitorable_values(learn.recorder());
+  if (std::find(choices.begin(), choices.end(), monitor) != choices.end()) return;
+  throw UsageError("unknown --monitor '" + monitor + "' (choices: " + mixtrain::callbacks::monitorable_list(learn.recorder()) + ")");
 }
 
 /// OUT/loss.svg, OUT/lr.svg and, with a loss scale, OUT/scale.svg.
@@ -140,11 +136,18 @@ int run_train(TrainArgs a) {
                        {"seed", static_cast<int64_t>(r.seed)},
                        {"batch_size", r.bs},
                        {"train_samples", split.train.size()}})
-            .numbers({{"lr", r.lr}})));
+            .numbers({{"lr", r.lr.last()}})));
     std::cout << "mixtrain train: model " << r.model << ", " << split.train.size() << " train / "
-              << split.valid.size() << " valid samples, " << r.epochs << " epoch(s), lr " << r.lr << ", bs " << r.bs
+              << split.valid.size() << " valid samples, " << r.epochs << " epoch(s), lr " << r.lr.str() << ", bs " << r.bs
               << ", precision " << mixtrain::precision_name(r.precision) << ", " << threads << " thread(s)"
               << (group ? ", " + std::to_string(env.world_size) + " ranks (--bs per rank)" : std::string()) << std::endl;
+  }
+  if (writer && !r.split_at.empty()) {
+    std::cout << "mixtrain train: " << learn.n_groups() << " parameter groups (split at " << r.split_at
+              << "), peak lr per group";
+    for (double lr : r.lr.for_groups(learn.n_groups())) std::cout << " " << lr;
+    if (learn.frozen_idx() > 0) std::cout << "; groups before " << learn.frozen_idx() << " frozen";
+    std::cout << std::endl;
   }
   if (writer && r.model == "transformer")
     std::cout << "mixtrain train: unigram baseline perplexity " << mixtrain::data::unigram_perplexity(split)
@@ -226,6 +229,8 @@ int run_doctor(TrainArgs a) {
   if (r.precision != mixtrain::Precision::kFp16 && r.precision != mixtrain::Precision::kBf16)
     throw UsageError("doctor compares fp32 with fp16 or bf16 autocast; pass --precision fp16 (default) or bf16, not " +
                      mixtrain::precision_name(r.precision));
+  if (!(r.lr == mixtrain::Lrs(r.lr.last())))
+    throw UsageError("mixtrain doctor takes one --lr, got " + r.lr.str() + " (it trains the model as one parameter group)");
   const bool fp16 = r.precision == mixtrain::Precision::kFp16;
   const int threads = mixtrain::configure_threads(r.threads, thread_policy(r));
   const auto split = load_split(r, /*world_size=*/1);
@@ -240,11 +245,11 @@ int run_doctor(TrainArgs a) {
     return build_learner(r, split, /*progress=*/true);
   };
   std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train samples, " << r.epochs
-            << " epoch(s), lr " << r.lr << ", bs " << r.bs << ", fp32 vs " << mixtrain::precision_name(r.precision)
+            << " epoch(s), lr " << r.lr.last() << ", bs " << r.bs << ", fp32 vs " << mixtrain::precision_name(r.precision)
             << ", " << threads << " thread(s)" << std::endl;
   const auto d = mixtrain::diagnose::compare(factory, mixtrain::diagnose::CompareOptions()
                                                           .epochs(r.epochs)
-                                                          .lr(r.lr)
+                                                          .lr(r.lr.last())
                                                           .dtype(fp16 ? torch::kHalf : torch::kBFloat16)
                                                           .scaler(r.precision_options.scaler())
                                                           .allow_fp16_emulation(r.precision_options.allow_fp16_emulation())
