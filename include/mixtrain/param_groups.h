@@ -44,7 +44,9 @@ class Lrs {
  public:
   /// The same learning rate for every group.
   Lrs(double lr);  // NOLINT: implicit on purpose, so fit(1, 3e-3) reads as before
-  /// One learning rate per group (the list must have as many values as the model has groups).
+  /// One learning rate per group (the list must have as many values as the model
+  /// has groups). Note that Lrs({x}) is the double constructor, x for every group;
+  /// a one-element list is Lrs(std::vector<double>{x}).
   explicit Lrs(std::vector<double> per_group);
   /// fastai's slice(lo, hi): geometric steps from lo (first group) to hi (last).
   static Lrs slice(double lo, double hi);
