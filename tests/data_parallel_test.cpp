@@ -35,7 +35,8 @@ using Configure = std::function<void(Learner&, int rank)>;
 
 /// Trains `world` ranks (threads) on the same data for `epochs`; bs is per rank.
 std::vector<RankResult> train_ranks(int world, int64_t bs, int epochs, const Configure& configure,
-                                    callbacks::DataParallelOptions dp_options = {}) {
+                                    callbacks::DataParallelOptions dp_options = {},
+                                    LearnerOptions options = LearnerOptions().progress(false)) {
   const auto train = test::blobs(192, 3, 4, 1), valid = test::blobs(64, 3, 4, 2);
   const int port = next_port();
   std::vector<RankResult> results(world);
@@ -56,8 +57,7 @@ std::vector<RankResult> train_ranks(int world, int64_t bs, int epochs, const Con
         auto group = distributed::ProcessGroup::connect({rank, world, rank, "127.0.0.1", port},
                                                        std::chrono::seconds(30));
         nn::Sequential net = nets[rank];
-        Learner learn(Model(net), data::DataLoaders::from_split({train, valid}, bs, 11), cross_entropy(),
-                      LearnerOptions().progress(false));
+        Learner learn(Model(net), data::DataLoaders::from_split({train, valid}, bs, 11), cross_entropy(), options);
         learn.add_cb(std::make_shared<callbacks::DataParallel>(group, dp_options));
         configure(learn, rank);
         learn.fit(epochs, 1e-2);
@@ -118,6 +118,19 @@ TEST_F(DataParallelTest, RanksEndBitwiseIdenticalAndMatchOneProcessWithTheGlobal
   for (size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(torch::allclose(params[i], ranks[0].params[i], 1e-4, 1e-5)) << "tensor " << i;
   EXPECT_NEAR(single.recorder().values().back().valid_loss, ranks[0].valid_loss, 1e-4);
+}
+
+TEST_F(DataParallelTest, AFrozenGroupKeepsRankZerosWeightsOnEveryRank) {
+  // Every rank freezes alike, so the frozen layer sends no gradient anywhere and the
+  // all-reduce layout agrees; the frozen layer ends as rank 0's broadcast left it.
+  const auto ranks = train_ranks(
+      2, 16, 1, [](Learner& learn, int) { learn.freeze(); }, {},
+      LearnerOptions().progress(false).splitter(split_at({"2"})));
+  test::expect_bitwise_equal(ranks[0].params, ranks[1].params);
+  const auto initial = make_mlp()->parameters();  // rank 0's weights: 0.weight, 0.bias, 2.weight, 2.bias
+  EXPECT_TRUE(torch::equal(ranks[0].params[0], initial[0]));
+  EXPECT_TRUE(torch::equal(ranks[0].params[1], initial[1]));
+  EXPECT_FALSE(torch::equal(ranks[0].params[2], initial[2]));
 }
 
 TEST_F(DataParallelTest, OverflowOnOneRankSkipsTheStepOnAllAndBothScalesBackOff) {
