@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <unordered_set>
@@ -157,6 +158,17 @@ bool zero_weight_decay(torch::optim::OptimizerOptions& o) {
   return false;
 }
 
+/// The parameters of `model` that `pick(module, name)` chooses, by identity;
+/// `name` is the parameter's name within its own module ("weight", "bias").
+std::unordered_set<const void*> params_where(torch::nn::Module& model,
+                                             const std::function<bool(const torch::nn::Module&, const std::string&)>& pick) {
+  std::unordered_set<const void*> out;
+  for (const auto& m : model.modules(/*include_self=*/true))
+    for (const auto& kv : m->named_parameters(/*recurse=*/false))
+      if (pick(*m, kv.key())) out.insert(kv.value().unsafeGetTensorImpl());
+  return out;
+}
+
 } // namespace
 
 const ParamGroups& Learner::param_groups() {
@@ -195,9 +207,9 @@ torch::optim::Optimizer& Learner::opt() {
   // weight decay (fastai's norm_bias_params), in an optimizer group of their own.
   std::unordered_set<const void*> undecayed_params;
   if (!options_.wd_bn_bias())
-    for (const auto& m : model_.module().modules(/*include_self=*/true))
-      for (const auto& kv : m->named_parameters(/*recurse=*/false))
-        if (is_norm_layer(*m) || kv.key() == "bias") undecayed_params.insert(kv.value().unsafeGetTensorImpl());
+    undecayed_params = params_where(model_.module(), [](const torch::nn::Module& m, const std::string& name) {
+      return is_norm_layer(m) || name == "bias";
+    });
   const auto& decayed_options = opt->param_groups()[0].options();
   auto undecayed_options = decayed_options.clone();
   const bool split_decay = !undecayed_params.empty() && zero_weight_decay(*undecayed_options);
@@ -248,9 +260,7 @@ void Learner::freeze_to(int64_t n) {
   const int64_t idx = n < 0 ? count + n : n;
   std::unordered_set<const void*> norm_params;
   if (options_.train_bn())
-    for (const auto& m : model_.module().modules(/*include_self=*/true))
-      if (is_norm_layer(*m))
-        for (const auto& p : m->parameters(/*recurse=*/false)) norm_params.insert(p.unsafeGetTensorImpl());
+    norm_params = params_where(model_.module(), [](const torch::nn::Module& m, const std::string&) { return is_norm_layer(m); });
   for (int64_t g = 0; g < count; ++g)
     for (auto& p : groups_[static_cast<size_t>(g)]) {
       const bool trains = g >= idx || norm_params.count(p.unsafeGetTensorImpl()) > 0;

@@ -131,22 +131,28 @@ int64_t Recorder::skipped_steps() const {
   return std::count_if(steps_.begin(), steps_.end(), [](const StepRecord& s) { return s.skipped; });
 }
 
+namespace {
+// Columns of the step and epoch histories in a checkpoint (the order in save_state's rows).
+constexpr int kStepColumns = 9;
+constexpr int kEpochColumns = 7;
+} // namespace
+
 void Recorder::save_state(torch::serialize::OutputArchive& ar) const {
-  std::vector<double> cols[9];
+  std::vector<double> cols[kStepColumns];
   for (const auto& s : steps_) {
-    const double row[9] = {double(s.iter), double(s.epoch), s.loss, s.smooth_loss, s.lr, s.scale, double(s.skipped),
-                           s.grad_norm, s.mom};
-    for (int c = 0; c < 9; ++c) cols[c].push_back(row[c]);
+    const double row[kStepColumns] = {double(s.iter), double(s.epoch), s.loss,      s.smooth_loss, s.lr,
+                                      s.scale,         double(s.skipped), s.grad_norm, s.mom};
+    for (int c = 0; c < kStepColumns; ++c) cols[c].push_back(row[c]);
   }
-  for (int c = 0; c < 9; ++c) detail::write_f64s(ar, "steps." + std::to_string(c), cols[c]);
-  std::vector<double> ecols[7], metrics;
+  for (int c = 0; c < kStepColumns; ++c) detail::write_f64s(ar, "steps." + std::to_string(c), cols[c]);
+  std::vector<double> ecols[kEpochColumns], metrics;
   for (const auto& e : epochs_) {
-    const double row[7] = {double(e.epoch), e.train_loss, e.valid_loss, e.seconds, e.train_seconds, double(e.samples),
-                           double(e.steps)};
-    for (int c = 0; c < 7; ++c) ecols[c].push_back(row[c]);
+    const double row[kEpochColumns] = {double(e.epoch),   e.train_loss,      e.valid_loss,   e.seconds,
+                                       e.train_seconds, double(e.samples), double(e.steps)};
+    for (int c = 0; c < kEpochColumns; ++c) ecols[c].push_back(row[c]);
     metrics.insert(metrics.end(), e.metrics.begin(), e.metrics.end());
   }
-  for (int c = 0; c < 7; ++c) detail::write_f64s(ar, "epochs." + std::to_string(c), ecols[c]);
+  for (int c = 0; c < kEpochColumns; ++c) detail::write_f64s(ar, "epochs." + std::to_string(c), ecols[c]);
   std::vector<double> skipped;
   for (const auto& e : epochs_) skipped.push_back(double(e.skipped));
   detail::write_f64s(ar, "epochs.skipped", skipped);
@@ -163,14 +169,14 @@ void Recorder::load_state(torch::serialize::InputArchive& ar) {
   const int64_t k = detail::read_i64(ar, "num_metrics");
   TORCH_CHECK(k == static_cast<int64_t>(metrics_.size()), "saved with ", k, " metrics, this learner has ",
               metrics_.size());
-  std::vector<double> cols[9];
-  for (int c = 0; c < 9; ++c) cols[c] = detail::read_f64s(ar, "steps." + std::to_string(c));
-  std::vector<double> ecols[7];
-  for (int c = 0; c < 7; ++c) ecols[c] = detail::read_f64s(ar, "epochs." + std::to_string(c));
+  std::vector<double> cols[kStepColumns];
+  for (int c = 0; c < kStepColumns; ++c) cols[c] = detail::read_f64s(ar, "steps." + std::to_string(c));
+  std::vector<double> ecols[kEpochColumns];
+  for (int c = 0; c < kEpochColumns; ++c) ecols[c] = detail::read_f64s(ar, "epochs." + std::to_string(c));
   const auto skipped = detail::read_f64s(ar, "epochs.skipped");
   const auto metrics = detail::read_f64s(ar, "epochs.metrics");
-  for (int c = 1; c < 9; ++c) TORCH_CHECK(cols[c].size() == cols[0].size(), "step history is inconsistent");
-  for (int c = 1; c < 7; ++c) TORCH_CHECK(ecols[c].size() == ecols[0].size(), "epoch history is inconsistent");
+  for (int c = 1; c < kStepColumns; ++c) TORCH_CHECK(cols[c].size() == cols[0].size(), "step history is inconsistent");
+  for (int c = 1; c < kEpochColumns; ++c) TORCH_CHECK(ecols[c].size() == ecols[0].size(), "epoch history is inconsistent");
   TORCH_CHECK(skipped.size() == ecols[0].size() && metrics.size() == ecols[0].size() * static_cast<size_t>(k),
               "epoch history is inconsistent");
   std::vector<StepRecord> steps;

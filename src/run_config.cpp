@@ -54,7 +54,7 @@ const std::vector<Field>& fields() {
       member("early_stop", &RunConfig::early_stop),
       member("epochs", &RunConfig::epochs),
       // One learning rate is a number (as args.json always had it); a list or slice is Lrs::parse's text.
-      {"lr", [](const RunConfig& c) { return c.lr == Lrs(c.lr.last()) ? json(c.lr.last()) : json(c.lr.str()); },
+      {"lr", [](const RunConfig& c) { return c.lr.one_for_all() ? json(c.lr.last()) : json(c.lr.str()); },
        [](RunConfig& c, const json& j) { c.lr = j.is_string() ? Lrs::parse(j.get<std::string>()) : Lrs(j.get<double>()); }},
       added_later(member("split_at", &RunConfig::split_at)),
       added_later(member("freeze_to", &RunConfig::freeze_to)),

@@ -66,33 +66,29 @@ double get_lr(const torch::optim::Optimizer& opt) {
   return opt.param_groups().back().options().get_lr();
 }
 
+namespace {
+/// Where an optimizer's options keep the momentum fastai schedules: beta1 for
+/// Adam/AdamW, momentum for SGD/RMSprop; nullptr for an optimizer without one.
+double* momentum_of(torch::optim::OptimizerOptions& o) {
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &std::get<0>(adamw->betas());
+  if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &std::get<0>(adam->betas());
+  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&o)) return &sgd->momentum();
+  if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return &rms->momentum();
+  return nullptr;
+}
+} // namespace
+
 double get_mom(const torch::optim::Optimizer& opt) {
   if (opt.param_groups().empty()) return std::numeric_limits<double>::quiet_NaN();
-  const auto& o = opt.param_groups().back().options();
-  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) return std::get<0>(adamw->betas());
-  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&o)) return std::get<0>(adam->betas());
-  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&o)) return sgd->momentum();
-  if (const auto* rms = dynamic_cast<const torch::optim::RMSpropOptions*>(&o)) return rms->momentum();
-  return std::numeric_limits<double>::quiet_NaN();
+  // Read only: the options are not changed through the pointer.
+  const double* mom = momentum_of(const_cast<torch::optim::OptimizerOptions&>(opt.param_groups().back().options()));
+  return mom ? *mom : std::numeric_limits<double>::quiet_NaN();
 }
 
 bool set_mom(torch::optim::Optimizer& opt, double mom) {
   bool any = false;
-  for (auto& group : opt.param_groups()) {
-    auto& o = group.options();
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
-      adamw->betas(std::make_tuple(mom, std::get<1>(adamw->betas())));
-    } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
-      adam->betas(std::make_tuple(mom, std::get<1>(adam->betas())));
-    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
-      sgd->momentum(mom);
-    } else if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
-      rms->momentum(mom);
-    } else {
-      continue;
-    }
-    any = true;
-  }
+  for (auto& group : opt.param_groups())
+    if (double* slot = momentum_of(group.options())) *slot = mom, any = true;
   return any;
 }
 

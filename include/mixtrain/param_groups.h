@@ -61,6 +61,8 @@ class Lrs {
   std::vector<double> for_groups(int64_t n_groups) const;
   /// The last group's learning rate (what fastai reports, and the peak of a slice).
   double last() const;
+  /// Whether it is one value for every group (not a list or a slice).
+  bool one_for_all() const { return kind_ == Kind::kEach; }
   /// The form parse() reads back.
   std::string str() const;
   bool operator==(const Lrs& other) const;

@@ -123,17 +123,20 @@ std::vector<c10::IValue> snapshot(c10::ArrayRef<c10::IValue> values) {
   return out;
 }
 
-/// The outputs of an op that ran in the reduced precision: rounded in place
-/// (unless they already hold reduced values), their gradients rounded on the
-/// way back, and marked, so ops that use them know.
+/// Rounds a reduced-precision result in place, and the gradient that reaches it
+/// on the way back (autograd makes half gradients for half tensors).
+void round_result(const at::Tensor& t, c10::ScalarType dtype) {
+  round_in_place(t, dtype);
+  if (t.requires_grad() && at::GradMode::is_enabled())
+    t.register_hook([dtype](const at::Tensor& g) { return rounded_copy(g, dtype); });
+}
+
+/// The outputs of an op that ran in the reduced precision: rounded (unless they
+/// already hold reduced values) and marked, so ops that use them know.
 void finish_reduced(c10::ArrayRef<c10::IValue> outputs, bool round, c10::ScalarType dtype) {
   for_each_tensor(outputs, [&](const at::Tensor& t) {
     if (t.scalar_type() != at::kFloat) return;
-    if (round) {
-      round_in_place(t, dtype);
-      if (t.requires_grad() && at::GradMode::is_enabled())
-        t.register_hook([dtype](const at::Tensor& g) { return rounded_copy(g, dtype); });
-    }
+    if (round) round_result(t, dtype);
     mark_reduced(t);
   });
 }
@@ -167,11 +170,7 @@ bool emulate_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch:
     const bool reduced = self.defined() && is_marked(self);
     op.redispatchBoxed(below, stack);
     keep_raw(reduced && !info.value_preserving);
-    if (reduced && !info.value_preserving) {
-      round_in_place(self, dtype);
-      if (self.requires_grad() && at::GradMode::is_enabled())
-        self.register_hook([dtype](const at::Tensor& g) { return rounded_copy(g, dtype); });
-    }
+    if (reduced && !info.value_preserving) round_result(self, dtype);
     return reduced;
   }
 
@@ -180,9 +179,11 @@ bool emulate_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch:
     // x.float() leaves fp16: a fresh alias that is not marked.
     const bool in_reduced = is_marked(args[0].toTensor());
     c10::optional<c10::ScalarType> target;
-    if (info.dtype_arg >= 0 && !stack->at(stack->size() - n_args + info.dtype_arg).isNone())
-      target = static_cast<c10::ScalarType>(stack->at(stack->size() - n_args + info.dtype_arg).toInt());
-    if (target == dtype) stack->at(stack->size() - n_args + info.dtype_arg) = c10::IValue(static_cast<int64_t>(at::kFloat));
+    if (info.dtype_arg >= 0) {
+      c10::IValue& dtype_value = stack->at(stack->size() - n_args + info.dtype_arg);
+      if (!dtype_value.isNone()) target = static_cast<c10::ScalarType>(dtype_value.toInt());
+      if (target == dtype) dtype_value = c10::IValue(static_cast<int64_t>(at::kFloat));
+    }
     const at::Tensor input = args[0].toTensor();
     op.redispatchBoxed(below, stack);
     keep_raw(false);

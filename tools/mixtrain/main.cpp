@@ -229,7 +229,7 @@ int run_doctor(TrainArgs a) {
   if (r.precision != mixtrain::Precision::kFp16 && r.precision != mixtrain::Precision::kBf16)
     throw UsageError("doctor compares fp32 with fp16 or bf16 autocast; pass --precision fp16 (default) or bf16, not " +
                      mixtrain::precision_name(r.precision));
-  if (!(r.lr == mixtrain::Lrs(r.lr.last())))
+  if (!r.lr.one_for_all())
     throw UsageError("mixtrain doctor takes one --lr, got " + r.lr.str() + " (it trains the model as one parameter group)");
   const bool fp16 = r.precision == mixtrain::Precision::kFp16;
   const int threads = mixtrain::configure_threads(r.threads, thread_policy(r));
