@@ -8,7 +8,8 @@
 //     native CPU bf16 autocast vs fp32 (5-40x slower on CPUs without bf16 units).
 // Usage: amp_bench [--quick]
 #include <mixtrain/amp/autocast.h>
-#include <mixtrain/amp/fp16_emulation.h>
+#include <mixtrain/compat.h>
+#include <mixtrain/amp/reduced_precision_emulation.h>
 #include <mixtrain/amp/grad_scaler.h>
 #include <mixtrain/amp/unscale.h>
 #include <mixtrain/models.h>
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
   auto emulated_step = [&] {
     torch::Tensor loss;
     {
-      mixtrain::amp::Fp16Emulation fp16;  // the forward region, as MixedPrecision opens it
+      mixtrain::amp::ReducedPrecisionEmulation fp16;  // the forward region, as MixedPrecision opens it
       loss = torch::nn::functional::cross_entropy(model->forward(x), y);
     }
     scaler.scale(loss).backward();
@@ -125,7 +126,7 @@ int main(int argc, char** argv) {
   auto lm_step = [&](Mode mode) {
     torch::Tensor loss;
     {
-      std::optional<mixtrain::amp::Fp16Emulation> emulation;
+      std::optional<mixtrain::amp::ReducedPrecisionEmulation> emulation;
       std::optional<mixtrain::amp::autocast> autocast;
       if (mode == Mode::kEmulatedFp16) emulation.emplace(torch::kHalf);
       if (mode == Mode::kEmulatedBf16) emulation.emplace(torch::kBFloat16);
@@ -150,6 +151,6 @@ int main(int argc, char** argv) {
   std::printf("transformer step (bs %lld x 64 tokens): fp32 %.1f ms; emulated fp16 %.2fx (goal <= 1.35x); "
               "emulated bf16 %.2fx (goal <= 1.3x); native bf16 autocast %.2fx (this CPU %s bf16 instructions)\n",
               static_cast<long long>(lm_bs), f32 * 1e3, median(t_lm[1]) / f32, median(t_lm[2]) / f32,
-              median(t_lm[3]) / f32, mixtrain::amp::compat::cpu_has_native_bf16() ? "has" : "lacks");
+              median(t_lm[3]) / f32, mixtrain::compat::cpu_has_native_bf16() ? "has" : "lacks");
   return 0;
 }

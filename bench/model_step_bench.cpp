@@ -43,16 +43,14 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   const int64_t steps = std::atoll(argv[2]), bs = std::atoll(argv[3]);
   const std::string precision = argc > 4 ? argv[4] : "fp32";
-  const bool lm = name == "transformer";
-  // As `mixtrain train` does: the transformer's threads go to OpenBLAS.
+  const mixtrain::run::BuiltinModel* builtin = mixtrain::run::find_builtin_model(name);
+  const bool lm = builtin && builtin->data == mixtrain::run::DataKind::kText;
+  // As `mixtrain train` does: the registry says where the threads go.
   const char* policy = std::getenv("MIXTRAIN_BENCH_THREADS");  // "intra-op" or "blas" overrides
-  const bool blas = policy ? std::string(policy) == "blas" : lm;
+  const bool blas = policy ? std::string(policy) == "blas" : builtin && builtin->threads == mixtrain::ThreadPolicy::kBlas;
   mixtrain::configure_threads(0, blas ? mixtrain::ThreadPolicy::kBlas : mixtrain::ThreadPolicy::kIntraOp);
   torch::manual_seed(0);
-  const auto builtin = mixtrain::models::builtin_names();
-  mixtrain::Model model = std::find(builtin.begin(), builtin.end(), name) != builtin.end()
-                              ? mixtrain::models::by_name(name)
-                              : mixtrain::load_scripted_model(name);
+  mixtrain::Model model = builtin ? builtin->build() : mixtrain::load_scripted_model(name);
   const int64_t n = (steps + 3) * bs;  // 3 warm-up steps, not timed (as bench/python_transformer.py)
   mixtrain::data::Dataset train, valid;
   if (lm) {

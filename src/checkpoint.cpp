@@ -156,6 +156,18 @@ void restore_snapshot(Learner& learn, const Snapshot& s) {
 } // namespace
 
 void Learner::save(const std::string& path) {
+  const std::string bytes = save_to_memory();
+  // A folder that does not exist yet is made, as the CSV logger does.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    TORCH_CHECK(!ec, "Cannot write ", path, ": cannot create its folder ", parent.string(), " (", ec.message(), ")");
+  }
+  write_file_atomically(path, bytes);
+}
+
+std::string Learner::save_to_memory() {
   torch::serialize::OutputArchive ar;
   detail::write_i64(ar, "mixtrain.format", kFormatVersion);
   ar.write("mixtrain.precision", c10::IValue(precision_tag(*this)));
@@ -180,26 +192,20 @@ void Learner::save(const std::string& path) {
   }
 
   // Where to continue. Mid-epoch, the loader must replay this epoch's permutation.
-  detail::write_i64(ar, "learner.epoch", next_epoch_);
-  detail::write_i64(ar, "learner.batch", next_batch_);
+  const Position& now = resume_.now;
+  detail::write_i64(ar, "learner.epoch", now.epoch);
+  detail::write_i64(ar, "learner.batch", now.batch);
   detail::write_i64(ar, "learner.train_iter", train_iter_);
   detail::write_i64(ar, "learner.n_epoch", n_epoch_);
   detail::write_i64(ar, "learner.param_groups", n_groups());
   detail::write_i64(ar, "learner.frozen_idx", frozen_idx_);
-  const bool mid_epoch = next_batch_ > 0 && epoch_loader_state_.defined();
-  ar.write("learner.loader_rng", mid_epoch ? epoch_loader_state_ : dls_.train.generator().get_state());
+  const bool mid_epoch = now.batch > 0 && now.loader_state.defined();
+  ar.write("learner.loader_rng", mid_epoch ? now.loader_state : dls_.train.generator().get_state());
   ar.write("learner.global_rng", at::detail::getDefaultCPUGenerator().get_state());
 
   std::ostringstream bytes;
   ar.save_to(bytes);
-  // A folder that does not exist yet is made, as the CSV logger does.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(parent, ec);
-    TORCH_CHECK(!ec, "Cannot write ", path, ": cannot create its folder ", parent.string(), " (", ec.message(), ")");
-  }
-  write_file_atomically(path, with_header(bytes.str()));
+  return with_header(bytes.str());
 }
 
 namespace {
@@ -308,16 +314,16 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
     for (const auto& kv : buffers) check("model.buffer." + kv.key(), kv.key(), kv.value());
     return 0;
   });
-  auto resume = std::make_unique<ResumePoint>();
+  ResumeState::Pending resume;
   torch::Tensor global_rng;
   guarded("training position", [&] {
-    resume->epoch = detail::read_i64(ar, "learner.epoch");
-    resume->batch = detail::read_i64(ar, "learner.batch");
-    resume->train_iter = detail::read_i64(ar, "learner.train_iter");
-    resume->n_epoch = detail::read_i64(ar, "learner.n_epoch");
-    resume->loader_state = detail::read_tensor(ar, "learner.loader_rng");
+    resume.at.epoch = detail::read_i64(ar, "learner.epoch");
+    resume.at.batch = detail::read_i64(ar, "learner.batch");
+    resume.train_iter = detail::read_i64(ar, "learner.train_iter");
+    resume.n_epoch = detail::read_i64(ar, "learner.n_epoch");
+    resume.at.loader_state = detail::read_tensor(ar, "learner.loader_rng");
     global_rng = detail::read_tensor(ar, "learner.global_rng");
-    TORCH_CHECK(resume->epoch >= 0 && resume->batch >= 0 && resume->train_iter >= 0 && resume->n_epoch >= 0,
+    TORCH_CHECK(resume.at.epoch >= 0 && resume.at.batch >= 0 && resume.train_iter >= 0 && resume.n_epoch >= 0,
                 "negative position");
     return 0;
   });
@@ -358,10 +364,8 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
   // Only a change: unfreezing sets requires_grad on every parameter, which would
   // undo a user's own requires_grad(false).
   if (frozen_idx != frozen_idx_) freeze_to(frozen_idx);
-  next_epoch_ = resume->epoch;
-  next_batch_ = resume->batch;
-  epoch_loader_state_ = resume->loader_state;
-  pending_resume_ = std::move(resume);
+  resume_.now = resume.at;
+  resume_.pending = std::move(resume);
 }
 
 } // namespace mixtrain

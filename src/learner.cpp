@@ -1,7 +1,7 @@
 #include "mixtrain/learner.h"
 
 #include "mixtrain/callbacks/progress.h"
-#include "mixtrain/models.h"
+#include "mixtrain/norm_layer.h"
 
 #include <torch/nn/functional/loss.h>
 #include <torch/optim.h>
@@ -139,6 +139,7 @@ Learner::Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOpti
   TORCH_CHECK(loss_fn_, "Learner needs a loss function");
   TORCH_CHECK(options_.opt_func(), "Learner needs an optimizer factory (opt_func)");
   model_.module().to(options_.device());
+  groups_ = make_groups();
   recorder_ = std::make_shared<Recorder>(options_.metrics());
   recorder_->order = 50;
   add_cb(recorder_);
@@ -171,26 +172,23 @@ std::unordered_set<const void*> params_where(torch::nn::Module& model,
 
 } // namespace
 
-const ParamGroups& Learner::param_groups() {
-  opt();
-  return groups_;
+ParamGroups Learner::make_groups() {
+  ParamGroups groups = options_.splitter() ? options_.splitter()(model_.module()) : ParamGroups{model_.module().parameters()};
+  TORCH_CHECK(!groups.empty(), "the splitter made no parameter groups");
+  std::unordered_set<const void*> seen;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    TORCH_CHECK(!groups[g].empty(), "the splitter made an empty parameter group (group ", g, ")");
+    for (const auto& p : groups[g])
+      TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, "the splitter put a parameter in two groups (again in group ",
+                  g, ")");
+  }
+  return groups;
 }
-
-int64_t Learner::n_groups() { return static_cast<int64_t>(param_groups().size()); }
 
 torch::optim::Optimizer& Learner::opt() {
   if (opt_) return *opt_;
   // Every parameter of a group is in the optimizer, frozen or not: a parameter
   // without a gradient is left alone by it, and unfreezing needs nothing more.
-  groups_ = options_.splitter() ? options_.splitter()(model_.module()) : ParamGroups{model_.module().parameters()};
-  TORCH_CHECK(!groups_.empty(), "the splitter made no parameter groups");
-  std::unordered_set<const void*> seen;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    TORCH_CHECK(!groups_[g].empty(), "the splitter made an empty parameter group (group ", g, ")");
-    for (const auto& p : groups_[g])
-      TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, "the splitter put a parameter in two groups (again in group ",
-                  g, ")");
-  }
   std::vector<torch::Tensor> all;
   for (const auto& g : groups_) all.insert(all.end(), g.begin(), g.end());
   auto opt = options_.opt_func()(all, kDefaultLr);
@@ -355,17 +353,14 @@ void Learner::fit(int64_t n_epoch, Lrs lr, std::vector<CallbackPtr> cbs) {
   set_lrs(lrs);
   n_epoch_ = n_epoch;
   train_iter_ = 0;
-  start_epoch_ = 0;
-  if (pending_resume_) {
-    const ResumePoint r = *pending_resume_;
-    pending_resume_.reset();
+  resume_.active.reset();
+  if (resume_.pending) {
+    const ResumeState::Pending r = *resume_.pending;
+    resume_.pending.reset();
     TORCH_CHECK(r.n_epoch == n_epoch, "The checkpoint was taken in a fit of ", r.n_epoch,
                 " epochs; resume it with the same number of epochs (got ", n_epoch, ")");
     train_iter_ = r.train_iter;
-    start_epoch_ = r.epoch;
-    resume_batch_ = r.batch;
-    resume_loader_state_ = r.loader_state;
-    resuming_ = true;
+    resume_.active = r.at;
   }
   releasing_on_error([&] {
     with_events<CancelFitException>([&] { do_fit(); }, Event::before_fit, Event::after_cancel_fit, Event::after_fit);
@@ -382,7 +377,7 @@ void Learner::fit_one_cycle(int64_t n_epoch, Lrs lr_max, OneCycleOptions options
 }
 
 void Learner::do_fit() {
-  for (epoch_ = start_epoch_; epoch_ < n_epoch_; ++epoch_)
+  for (epoch_ = resume_.active ? resume_.active->epoch : 0; epoch_ < n_epoch_; ++epoch_)
     with_events<CancelEpochException>([&] { do_epoch(); }, Event::before_epoch, Event::after_cancel_epoch,
                                       Event::after_epoch);
 }
@@ -392,10 +387,10 @@ void Learner::do_epoch() {
   model_.module().train();
   with_events<CancelTrainException>([&] { all_batches(dls_.train); }, Event::before_train, Event::after_cancel_train,
                                     Event::after_train);
-  resuming_ = false;
+  resume_.active.reset();
   do_validate_epoch();
-  next_epoch_ = epoch_ + 1;
-  next_batch_ = 0;
+  resume_.now.epoch = epoch_ + 1;
+  resume_.now.batch = 0;
 }
 
 void Learner::do_validate_epoch() {
@@ -410,12 +405,12 @@ void Learner::all_batches(data::DataLoader& dl) {
   n_iter_ = dl.num_batches();
   int64_t first = 0;
   if (training_) {
-    if (resuming_) {
+    if (resume_.active) {
       // Same permutation as the interrupted epoch; skip the batches it finished.
-      dl.generator().set_state(resume_loader_state_);
-      first = resume_batch_;
+      dl.generator().set_state(resume_.active->loader_state);
+      first = resume_.active->batch;
     }
-    epoch_loader_state_ = dl.generator().get_state();
+    resume_.now.loader_state = dl.generator().get_state();
   }
   int64_t i = 0;
   for (auto it = dl.begin(), end = dl.end(); it != end; ++it, ++i)
@@ -437,8 +432,8 @@ void Learner::one_batch(int64_t i, const data::Batch& b) {
   // taken in after_batch resumes after this batch.
   if (training_) {
     ++train_iter_;
-    next_epoch_ = epoch_;
-    next_batch_ = i + 1;
+    resume_.now.epoch = epoch_;
+    resume_.now.batch = i + 1;
   }
   run(Event::after_batch);
 }

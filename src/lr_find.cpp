@@ -2,7 +2,7 @@
 #include "mixtrain/lr_find.h"
 
 #include "mixtrain/callbacks/progress.h"
-#include "mixtrain/diagnose/svg_plot.h"
+#include "mixtrain/svg_plot.h"
 #include "mixtrain/learner.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -138,11 +138,11 @@ std::string LrFindResult::csv() const {
 }
 
 std::string LrFindResult::svg() const {
-  diagnose::PlotSeries curve{"smoothed loss", lrs, smooth_losses};
-  diagnose::PlotSeries skips{"skipped step (fp16)", {}, {}, "#d62728", false, true};
+  PlotSeries curve{"smoothed loss", lrs, smooth_losses};
+  PlotSeries skips{"skipped step (fp16)", {}, {}, "#d62728", false, true};
   for (size_t i = 0; i < lrs.size(); ++i)
     if (skipped[i]) skips.x.push_back(lrs[i]), skips.y.push_back(smooth_losses[i]);
-  std::vector<diagnose::PlotSeries> series{curve};
+  std::vector<PlotSeries> series{curve};
   if (!skips.x.empty()) series.push_back(skips);
   // The suggestions as labelled markers on the curve.
   const std::pair<const char*, double> marks[] = {{"valley", valley}, {"steep", steep}, {"minimum/10", minimum}};
@@ -155,12 +155,12 @@ std::string LrFindResult::svg() const {
                       }) - lrs.begin();
     series.push_back({std::string(marks[k].first) + " " + sci(lr), {lrs[at]}, {smooth_losses[at]}, colors[k], false, true});
   }
-  diagnose::PlotOptions o;
+  PlotOptions o;
   o.title = "Learning-rate finder";
   o.x_label = "learning rate (log scale)";
   o.y_label = "smoothed training loss";
   o.log10_x = true;
-  return diagnose::line_plot_svg(series, o);
+  return line_plot_svg(series, o);
 }
 
 LrFindResult Learner::lr_find() { return lr_find(LrFindOptions()); }
@@ -176,24 +176,17 @@ LrFindResult Learner::lr_find(const LrFindOptions& o) {
 
   // Everything a fit changes, as a checkpoint; restored afterwards without its
   // resume point, so the next fit starts fresh as it would have.
-  static std::atomic<int> counter{0};
-  const std::string snapshot = (std::filesystem::temp_directory_path() /
-                                ("mixtrain-lr_find-" + std::to_string(::getpid()) + "-" +
-                                 std::to_string(counter++) + ".pt")).string();
-  save(snapshot);
+  const std::string snapshot = save_to_memory();
   // A checkpoint keeps the training loader's generator as it was when its epoch
   // began (what a resume needs); the next fit needs it as it is now.
   const torch::Tensor loader_state = dls_.train.generator().get_state();
   at::Generator global = at::detail::getDefaultCPUGenerator();
   const torch::Tensor global_state = global.get_state();
   const auto restore = [&] {
-    load(snapshot);
-    pending_resume_.reset();
-    resuming_ = false;
+    load_from_memory(snapshot.data(), snapshot.size(), "lr_find's snapshot");
+    resume_.pending.reset();  // restored, not resumed: the next fit starts afresh
     dls_.train.generator().set_state(loader_state);
     global.set_state(global_state);
-    std::error_code ec;
-    std::filesystem::remove(snapshot, ec);
   };
   // No progress output during the sweep (fastai's no_logging).
   std::vector<CallbackPtr> quiet;

@@ -1,34 +1,9 @@
 #include "mixtrain/models.h"
 
-#include "mixtrain/amp/autocast.h"
+#include "mixtrain/compat.h"
 #include "mixtrain/scripted_model.h"
 
 #include <torch/nn.h>
-
-namespace mixtrain {
-
-namespace {
-/// A TorchScript submodule scripted from one of torch.nn's norm classes.
-bool is_scripted_norm(const torch::nn::Module& m) {
-  const auto* s = dynamic_cast<const ScriptedSubmodule*>(&m);
-  if (!s) return false;
-  const std::string& c = s->python_class();
-  const std::string cls = c.substr(c.rfind('.') + 1);
-  return c.rfind("torch.nn.modules.", 0) == 0 &&
-         (cls.rfind("BatchNorm", 0) == 0 || cls == "LayerNorm" || cls == "GroupNorm" || cls.rfind("InstanceNorm", 0) == 0);
-}
-} // namespace
-
-bool is_norm_layer(const torch::nn::Module& m) {
-  namespace nn = torch::nn;
-  return dynamic_cast<const nn::BatchNorm1dImpl*>(&m) || dynamic_cast<const nn::BatchNorm2dImpl*>(&m) ||
-         dynamic_cast<const nn::BatchNorm3dImpl*>(&m) || dynamic_cast<const nn::LayerNormImpl*>(&m) ||
-         dynamic_cast<const nn::GroupNormImpl*>(&m) || dynamic_cast<const nn::InstanceNorm1dImpl*>(&m) ||
-         dynamic_cast<const nn::InstanceNorm2dImpl*>(&m) || dynamic_cast<const nn::InstanceNorm3dImpl*>(&m) ||
-         is_scripted_norm(m);
-}
-
-} // namespace mixtrain
 
 namespace mixtrain::models {
 
@@ -80,7 +55,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
   // [B, T, 3C] -> three [B, H, T, C/H]
   const auto parts = qkv(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
-  const torch::Tensor y = amp::compat::causal_attention(parts[0], parts[1], parts[2]);
+  const torch::Tensor y = compat::causal_attention(parts[0], parts[1], parts[2]);
   return proj(y.transpose(1, 2).reshape({b, t, c}));
 }
 
@@ -121,16 +96,6 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
   torch::Tensor x = tok(tokens) + pos(torch::arange(t, tokens.options().dtype(torch::kLong)));
   for (const auto& block : *blocks) x = block->as<TransformerBlock>()->forward(x);
   return head(ln_f(x));
-}
-
-std::vector<std::string> builtin_names() { return {"cnn", "mlp", "resnet", "transformer"}; }
-
-Model by_name(const std::string& name) {
-  if (name == "cnn") return simple_cnn();
-  if (name == "mlp") return mlp();
-  if (name == "resnet") return resnet();
-  if (name == "transformer") return TransformerLM();
-  TORCH_CHECK(false, "Unknown model '", name, "' (choices: cnn, mlp, resnet, transformer)");
 }
 
 } // namespace mixtrain::models

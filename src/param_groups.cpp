@@ -1,5 +1,7 @@
 #include "mixtrain/param_groups.h"
 
+#include "mixtrain/option_error.h"
+
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -37,13 +39,14 @@ std::string number(double v) {
 double parse_number(const std::string& part, const std::string& text) {
   char* end = nullptr;
   const double v = part.empty() ? NAN : std::strtod(part.c_str(), &end);
-  TORCH_CHECK(!part.empty() && end == part.c_str() + part.size(), "invalid learning rate '", text,
-              "' (takes 3e-3, a list 1e-4,1e-3 with one per parameter group, or a slice 1e-5:1e-3 or :1e-3)");
+  if (part.empty() || end != part.c_str() + part.size())
+    throw OptionError("lr", "invalid " + Phrase::name("lr") + " " + text +
+                                " (takes 3e-3, a list 1e-4,1e-3 with one per parameter group, or a slice 1e-5:1e-3 or :1e-3)");
   return v;
 }
 
 void check_positive(double lr) {
-  TORCH_CHECK(lr > 0 && std::isfinite(lr), "Invalid lr: ", lr, " (must be > 0)");
+  check_option(lr > 0 && std::isfinite(lr), "lr", lr, "must be > 0");
 }
 
 } // namespace
@@ -57,19 +60,22 @@ Splitter split_at(std::vector<std::string> names) {
     int64_t index = 0;
     for (const auto& kv : params) {
       if (next < names.size() && under(kv.key(), names[next])) {
-        TORCH_CHECK(index > 0, "split_at: '", names[next], "' holds the model's first parameter, so the group before ",
-                    "it would be empty");
+        if (index == 0)
+          throw OptionError("split_at", Phrase::name("split_at") + ": '" + names[next] +
+                                            "' holds the model's first parameter, so the group before it would be empty");
         groups.emplace_back();
         ++next;
       }
       for (size_t later = next; later < names.size(); ++later)
-        TORCH_CHECK(!under(kv.key(), names[later]), "split_at: '", names[later], "' comes before '", names[next],
-                    "' in the model; name the split points in the order of the model's layers");
+        if (under(kv.key(), names[later]))
+          throw OptionError("split_at", Phrase::name("split_at") + ": '" + names[later] + "' comes before '" + names[next] +
+                                            "' in the model; name the split points in the order of the model's layers");
       groups.back().push_back(kv.value());
       ++index;
     }
-    TORCH_CHECK(next == names.size(), "split_at: no parameter named '", names[next], "' or '", names[next],
-                ".*' (the model's top-level children: ", top_level_names(model), ")");
+    if (next != names.size())
+      throw OptionError("split_at", Phrase::name("split_at") + ": no parameter named '" + names[next] + "' or '" +
+                                        names[next] + ".*' (the model's top-level children: " + top_level_names(model) + ")");
     return groups;
   };
 }
@@ -79,10 +85,13 @@ std::vector<std::string> split_names(const std::string& text) {
   std::stringstream in(text);
   std::string part;
   while (std::getline(in, part, ',')) {
-    TORCH_CHECK(!part.empty(), "empty name in '", text, "' (takes names separated by commas, e.g. 4,head)");
+    if (part.empty())
+      throw OptionError("split_at", Phrase::name("split_at") + ": empty name in '" + text +
+                                        "' (takes names separated by commas, e.g. 4,head)");
     out.push_back(part);
   }
-  TORCH_CHECK(!out.empty() && text.back() != ',', "empty name in '", text, "' (takes names separated by commas)");
+  if (out.empty() || text.back() == ',')
+    throw OptionError("split_at", Phrase::name("split_at") + ": empty name in '" + text + "' (takes names separated by commas)");
   return out;
 }
 
@@ -125,7 +134,7 @@ Lrs Lrs::parse(const std::string& text) {
   std::stringstream in(text);
   std::string part;
   while (std::getline(in, part, ',')) values.push_back(parse_number(part, text));
-  TORCH_CHECK(text.back() != ',', "invalid learning rate '", text, "' (a list ends with a number)");
+  if (text.back() == ',') throw OptionError("lr", "invalid " + Phrase::name("lr") + " " + text + " (a list ends with a number)");
   return Lrs(std::move(values));
 }
 

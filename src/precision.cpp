@@ -8,6 +8,7 @@
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/learner.h"
+#include "mixtrain/option_error.h"
 
 
 namespace mixtrain {
@@ -36,7 +37,7 @@ Precision parse_precision(const std::string& name) {
     if (name == n.name) return n.precision;
     choices += (choices.empty() ? "" : ", ") + std::string(n.name);
   }
-  TORCH_CHECK(false, "unsupported precision '", name, "' (available: ", choices, ")");
+  throw OptionError("precision", "unsupported precision '" + name + "' (available: " + choices + ")");
 }
 
 std::vector<Precision> all_precisions() {
@@ -49,15 +50,35 @@ bool precision_scales_loss(Precision p) {
   return p == Precision::kFp16 || p == Precision::kFp16Master || p == Precision::kBf16Master;
 }
 
+c10::ScalarType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return c10::ScalarType::Float;
+    case Precision::kFp16:
+    case Precision::kFp16Master: return c10::ScalarType::Half;
+    case Precision::kBf16:
+    case Precision::kBf16Master: return c10::ScalarType::BFloat16;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown Precision ", static_cast<int>(p));
+}
+
+bool uses_master_weights(Precision p) { return p == Precision::kFp16Master || p == Precision::kBf16Master; }
+
+Precision precision_for(c10::ScalarType dtype, bool master_weights) {
+  if (dtype == c10::ScalarType::Half) return master_weights ? Precision::kFp16Master : Precision::kFp16;
+  if (dtype == c10::ScalarType::BFloat16) return master_weights ? Precision::kBf16Master : Precision::kBf16;
+  return Precision::kFp32;
+}
+
 void validate_precision(Precision precision, const PrecisionOptions& options, const torch::Device& device) {
   if (precision == Precision::kFp16) amp::validate(options.scaler());
-  if (precision == Precision::kFp16Master || precision == Precision::kBf16Master) {
+  if (uses_master_weights(precision)) {
     auto master = options.master();
-    amp::validate(master.dtype(precision == Precision::kFp16Master ? torch::kHalf : torch::kBFloat16));
+    amp::validate(master.dtype(compute_dtype(precision)));
   }
-  TORCH_CHECK(!(precision == Precision::kFp16Master && device.is_cpu()),
-              "precision fp16-master needs CUDA (libtorch has no CPU half matmul); use bf16-master, or fp16 "
-              "(emulated on CPU)");
+  if (precision == Precision::kFp16Master && device.is_cpu())
+    throw OptionError("precision", Phrase::name("precision") + " fp16-master needs CUDA (libtorch has no CPU half matmul); use " +
+                                       Phrase::setting("precision", "bf16-master") + ", or " +
+                                       Phrase::setting("precision", "fp16") + " (emulated on CPU)");
 }
 
 Learner& Learner::set_precision(Precision precision, const PrecisionOptions& options) {
@@ -77,7 +98,7 @@ Learner& Learner::set_precision(Precision precision, const PrecisionOptions& opt
     case Precision::kFp16Master:
     case Precision::kBf16Master: {
       auto master = options.master();
-      master.dtype(precision == Precision::kFp16Master ? torch::kHalf : torch::kBFloat16);
+      master.dtype(compute_dtype(precision));
       add_cb(std::make_shared<amp::MasterWeights>(*this, master));
       break;
     }
@@ -90,12 +111,8 @@ Learner& Learner::set_precision(Precision precision) { return set_precision(prec
 Precision Learner::precision() const {
   // Read from the attached callback, so a callback added by hand counts too.
   const auto pc = precision_cb();
-  if (!pc) return Precision::kFp32;
-  switch (pc->dtype()) {
-    case c10::ScalarType::Half: return pc->master_weights() ? Precision::kFp16Master : Precision::kFp16;
-    case c10::ScalarType::BFloat16: return pc->master_weights() ? Precision::kBf16Master : Precision::kBf16;
-    default: return Precision::kFp32;  // fp32 with a loss scaler (MixedPrecision(kFloat))
-  }
+  // fp32 with a loss scaler (MixedPrecision(kFloat)) is fp32.
+  return pc ? precision_for(pc->dtype(), pc->master_weights()) : Precision::kFp32;
 }
 
 std::shared_ptr<amp::PrecisionCallback> Learner::precision_cb() const { return get_cb<amp::PrecisionCallback>(); }
@@ -112,8 +129,7 @@ Learner& Learner::to_bf16() { return set_precision(Precision::kBf16); }
 Learner& Learner::to_half() { return to_half(amp::MasterWeightsOptions()); }
 
 Learner& Learner::to_half(const amp::MasterWeightsOptions& options) {
-  return set_precision(options.dtype() == torch::kHalf ? Precision::kFp16Master : Precision::kBf16Master,
-                       PrecisionOptions().master(options));
+  return set_precision(precision_for(options.dtype(), /*master_weights=*/true), PrecisionOptions().master(options));
 }
 
 Learner& Learner::to_fp32() {

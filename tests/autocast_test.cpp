@@ -2,11 +2,12 @@
 #include "test_util.h"
 
 #include <mixtrain/amp/autocast.h>
+#include <mixtrain/compat.h>
 
 namespace {
 
 using mixtrain::amp::autocast;
-namespace compat = mixtrain::amp::compat;
+namespace compat = mixtrain::compat;
 
 TEST(AutocastTest, CpuBf16GuardNestsAndRestores) {
   const torch::Tensor a = torch::randn({4, 4}), b = torch::randn({4, 4});

@@ -2,6 +2,9 @@
 // Running the mixtrain CLI from tests, as a user would: its exit code and output.
 
 #include <gtest/gtest.h>
+#include <mixtrain/learner.h>
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -9,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 
 namespace mixtrain::test {
@@ -42,6 +46,23 @@ inline void expect_usage_error(const std::string& args, const std::string& subst
   EXPECT_NE(r.err.find(substr), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_EQ(r.err.rfind("mixtrain: error: ", 0), 0u) << r.err;
+}
+
+/// A JSON file the CLI wrote (summary.json, diagnosis.json).
+inline nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(slurp(path)); }
+
+/// Model tensors of a checkpoint file, by key.
+inline std::map<std::string, torch::Tensor> model_tensors(const std::string& path) {
+  torch::serialize::InputArchive ar;
+  Learner::open_checkpoint(path, ar);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& key : ar.keys()) {
+    if (key.rfind("model.param.", 0) != 0 && key.rfind("model.buffer.", 0) != 0) continue;
+    torch::Tensor t;
+    ar.read(key, t);
+    out[key] = t;
+  }
+  return out;
 }
 
 } // namespace mixtrain::test

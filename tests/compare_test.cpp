@@ -9,6 +9,7 @@
 namespace {
 
 using namespace mixtrain;
+using mixtrain::test::contains;
 namespace nn = torch::nn;
 
 /// A small user-defined classifier: stem -> block(fc1, fc2) -> head.
@@ -43,11 +44,6 @@ diagnose::LearnerFactory factory(const Scenario& s) {
   };
 }
 
-bool contains(const std::vector<std::string>& v, const std::string& what) {
-  for (const auto& s : v)
-    if (s.find(what) != std::string::npos) return true;
-  return false;
-}
 
 class CompareTest : public test::SeededTest {};
 

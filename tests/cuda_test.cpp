@@ -13,7 +13,7 @@ using namespace mixtrain;
 namespace nn = torch::nn;
 
 #define SKIP_WITHOUT_CUDA() \
-  if (!amp::compat::cuda_available()) GTEST_SKIP() << "no CUDA"
+  if (!compat::cuda_available()) GTEST_SKIP() << "no CUDA"
 
 std::unique_ptr<Learner> cuda_learner(nn::Sequential net, int64_t n = 128) {
   auto ds = test::blobs(n, 3, 4);
@@ -45,7 +45,7 @@ TEST(CudaTest, Bf16TrainsOrIsReportedUnsupported) {
   SKIP_WITHOUT_CUDA();
   auto learn = cuda_learner(nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3)), 512);
   learn->to_bf16();
-  if (!amp::compat::cuda_bf16_supported()) {
+  if (!compat::cuda_bf16_supported()) {
     EXPECT_THROW_WITH(learn->fit(1, 1e-2), "Unsupported GPU for bfloat16");
     return;
   }

@@ -9,6 +9,7 @@
 namespace {
 
 using namespace mixtrain::diagnose;
+using mixtrain::test::contains;
 
 RunEvidence run(const std::string& precision, double first, double final_loss) {
   RunEvidence r;
@@ -29,11 +30,6 @@ Evidence healthy_pair() {
   return e;
 }
 
-bool contains(const std::vector<std::string>& v, const std::string& what) {
-  for (const auto& s : v)
-    if (s.find(what) != std::string::npos) return true;
-  return false;
-}
 
 TEST(DiagnosisTest, HealthyWhenTheGapIsSmallAndNothingSkips) {
   const Diagnosis d = decide(healthy_pair());
@@ -48,7 +44,7 @@ TEST(DiagnosisTest, UnsupportedComesFirst) {
   e.unsupported = "Unsupported GPU for bfloat16 mixed precision training";
   const Diagnosis d = decide(e);
   EXPECT_EQ(d.verdict, Verdict::kUnsupported);
-  EXPECT_NE(d.fixes.at(0).find("to_fp16()"), std::string::npos);
+  EXPECT_NE(d.fixes.at(0).str().find("to_fp16()"), std::string::npos);
 }
 
 TEST(DiagnosisTest, BrokenInFp32BeatsEveryFp16Finding) {
@@ -84,9 +80,9 @@ TEST(DiagnosisTest, ForwardOverflowNamesTheOpAndOrdersTheFixes) {
   EXPECT_NE(d.headline.find("body.2.fc1 (aten::linear)"), std::string::npos) << d.headline;
   EXPECT_TRUE(contains(d.findings, "outputs reach 1.235e+05"));
   ASSERT_EQ(d.fixes.size(), 3u);
-  EXPECT_NE(d.fixes[0].find("normalize"), std::string::npos);
-  EXPECT_NE(d.fixes[1].find("fix the overflowing op, body.2.fc1"), std::string::npos);
-  EXPECT_NE(d.fixes[2].find("init_scale"), std::string::npos);
+  EXPECT_NE(d.fixes[0].str().find("normalize"), std::string::npos);
+  EXPECT_NE(d.fixes[1].str().find("fix the overflowing op, body.2.fc1"), std::string::npos);
+  EXPECT_NE(d.fixes[2].str().find("init_scale"), std::string::npos);
   // NaN losses in the first epoch without a traced op are forward overflow too (seed's A).
   Evidence nan_early = healthy_pair();
   nan_early.mixed->scale.nonfinite_losses = 2;
@@ -105,9 +101,9 @@ TEST(DiagnosisTest, GradientOverflowOnCollapseOrMostStepsSkipped) {
   EXPECT_EQ(d.verdict, Verdict::kGradientOverflow);
   EXPECT_TRUE(contains(d.findings, "30 of 100 steps skipped (30%; per epoch: 50%, 10%)"));
   EXPECT_TRUE(contains(d.findings, "collapsed"));
-  EXPECT_NE(d.fixes[0].find("lower the learning rate"), std::string::npos);
-  EXPECT_NE(d.fixes[1].find("clipping"), std::string::npos);
-  EXPECT_NE(d.fixes[2].find("bf16"), std::string::npos);
+  EXPECT_NE(d.fixes[0].str().find("lower the learning rate"), std::string::npos);
+  EXPECT_NE(d.fixes[1].str().find("clipping"), std::string::npos);
+  EXPECT_NE(d.fixes[2].str().find("bf16"), std::string::npos);
   Evidence most = healthy_pair();
   most.mixed->scale.skip_rate = most.mixed->scale.skip_rate_after_settling = 0.6;
   EXPECT_EQ(decide(most).verdict, Verdict::kGradientOverflow);
@@ -119,7 +115,7 @@ TEST(DiagnosisTest, UnderflowOnAGapSkipsPinnedScaleOrFlushedGradients) {
   Diagnosis d = decide(gap);
   EXPECT_EQ(d.verdict, Verdict::kUnderflow);
   EXPECT_TRUE(contains(d.findings, "20% worse"));
-  EXPECT_NE(d.fixes[0].find("prefer bf16"), std::string::npos);
+  EXPECT_NE(d.fixes[0].str().find("prefer bf16"), std::string::npos);
   // 10% is the boundary: a 9% gap is within fp16 noise.
   Evidence small = healthy_pair();
   small.mixed->final_loss = small.mixed->valid_loss = 0.545;
@@ -196,7 +192,7 @@ TEST(DiagnosisBaselineTest, AScaleStillBackingOffFromAFarTooHighStartIsSaidPlain
   EXPECT_NE(d.headline.find("initial loss scale 1e+30 is far too high"), std::string::npos) << d.headline;
   EXPECT_TRUE(contains(d.findings, "it started at 1e+30 and was 3.05e+25 at the last step")) << d.report();
   EXPECT_TRUE(contains(d.findings, "about 69 more steps")) << d.report();  // log2(3.05e25 / 65536) = 68.4
-  EXPECT_NE(d.fixes.at(0).find("start the scaler lower"), std::string::npos);
+  EXPECT_NE(d.fixes.at(0).str().find("start the scaler lower"), std::string::npos);
   EXPECT_EQ(d.report().find(" to 0"), std::string::npos) << d.report();
 }
 

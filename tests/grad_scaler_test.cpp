@@ -250,8 +250,7 @@ std::string read_bytes(const std::string& path) {
 
 // C++ -> Python's GradScaler -> C++, through files as a user would move them.
 TEST_F(GradScalerTest, StateDictRoundTripsThroughPythonsGradScaler) {
-  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "python3-torch is not installed (scripts/setup.sh installs it)";
+  ASSERT_TRUE(mixtrain::test::python_torch_available()) << mixtrain::test::kNoPythonTorch;
   const std::string dir = mixtrain::test::scratch_dir("scaler_python");
   Rig rig;
   GradScaler a(GradScalerOptions().init_scale(1024).growth_interval(7));

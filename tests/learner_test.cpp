@@ -142,7 +142,7 @@ TEST_F(LearnerTest, FashionMnistCnnLearns) {
                 LearnerOptions().progress(false).metrics({accuracy()}));
   learn.fit_one_cycle(1, 3e-3);
   EXPECT_GT(learn.recorder().values().back().metrics[0], 0.75);
-  EXPECT_THROW_WITH(models::by_name("vgg"), "Unknown model 'vgg' (choices: cnn, mlp, resnet, transformer)");
+  EXPECT_THROW_WITH(run::build_builtin_model("vgg"), "unknown model 'vgg' (choices: cnn, mlp, resnet, transformer)");
 }
 
 } // namespace

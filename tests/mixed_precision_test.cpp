@@ -80,7 +80,7 @@ TEST_F(MixedPrecisionTest, Bf16OnCpuTrainsWithFp32PredsAndNoScaler) {
   EXPECT_FALSE(learn.precision_cb()->loss_scaled());
   EXPECT_EQ(learn.precision_cb()->grad_scaler(), nullptr);
   EXPECT_TRUE(std::isnan(learn.recorder().steps().back().scale));
-  EXPECT_FALSE(mixtrain::amp::compat::is_autocast_enabled(torch::kCPU));  // the guard closed
+  EXPECT_FALSE(mixtrain::compat::is_autocast_enabled(torch::kCPU));  // the guard closed
 }
 
 TEST_F(MixedPrecisionTest, ToFp16ReplacesAndChains) {
@@ -132,7 +132,7 @@ TEST(MixedPrecisionEvalTest, ValidateAndGetPredsBeforeAnyFitUseTheEmulation) {
   EXPECT_NEAR(fp16.at(0), fp32_loss, 1e-2);
   auto preds = learn.get_preds();
   EXPECT_EQ(preds.first.size(0), preds.second.size(0));
-  EXPECT_FALSE(mixtrain::amp::Fp16Emulation::is_enabled());  // closed after the pass
+  EXPECT_FALSE(mixtrain::amp::ReducedPrecisionEmulation::is_enabled());  // closed after the pass
 }
 
 } // namespace
@@ -160,8 +160,8 @@ TEST(MixedPrecisionEvalTest, AnExceptionFromTheModelLeavesNoAutocastOrEmulationO
     else
       learn.to_bf16();
     EXPECT_THROW(learn.fit(1, 1e-2), std::runtime_error);
-    EXPECT_FALSE(mixtrain::amp::Fp16Emulation::is_enabled());
-    EXPECT_FALSE(mixtrain::amp::compat::is_autocast_enabled(torch::kCPU));
+    EXPECT_FALSE(mixtrain::amp::ReducedPrecisionEmulation::is_enabled());
+    EXPECT_FALSE(mixtrain::compat::is_autocast_enabled(torch::kCPU));
   }
 }
 

@@ -159,7 +159,7 @@ TEST_F(OverflowTraceTest, LeavesBatchNormStatisticsAndModeAlone) {
   const auto after = net->buffers();
   for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i])) << i;
   // No trace mode or emulation left on.
-  EXPECT_FALSE(amp::Fp16Emulation::is_enabled());
+  EXPECT_FALSE(amp::ReducedPrecisionEmulation::is_enabled());
 }
 
 } // namespace

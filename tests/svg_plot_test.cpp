@@ -2,12 +2,13 @@
 #include "test_util.h"
 
 #include <mixtrain/diagnose/plots.h>
-#include <mixtrain/diagnose/svg_plot.h>
+#include <mixtrain/svg_plot.h>
 
 #include <regex>
 
 namespace {
 
+using namespace mixtrain;
 using namespace mixtrain::diagnose;
 
 int count(const std::string& s, const std::string& what) {
@@ -73,7 +74,8 @@ namespace {
 // The doctor's loss chart: the mixed line is dashed (it lies on the fp32 line in a
 // healthy run), epochs are marked, and the title's gap has the report's precision.
 TEST(LossChartTest, MixedLineIsDashedEpochsAreMarkedAndTheGapIsNotRoundedAway) {
-  using namespace mixtrain::diagnose;
+  using namespace mixtrain;
+using namespace mixtrain::diagnose;
   auto run = [](const std::string& p, double end) {
     RunEvidence r;
     r.precision = p;

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <mixtrain/data.h>
 #include <mixtrain/learner.h>
+#include <mixtrain/phrase.h>
 #include <mixtrain/testing.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -30,6 +32,27 @@
   } while (0)
 
 namespace mixtrain::test {
+
+/// Whether any of `v` contains `what` (findings and fixes, in the library's words).
+inline bool contains(const std::vector<std::string>& v, const std::string& what) {
+  for (const auto& s : v)
+    if (s.find(what) != std::string::npos) return true;
+  return false;
+}
+inline bool contains(const std::vector<mixtrain::Phrase>& v, const std::string& what) {
+  for (const auto& p : v)
+    if (p.str().find(what) != std::string::npos) return true;
+  return false;
+}
+
+/// Whether Debian's python3-torch is importable by /usr/bin/python3.
+inline bool python_torch_available() {
+  static const bool available = std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") == 0;
+  return available;
+}
+/// The message every test that needs python3-torch fails with when it is missing.
+constexpr const char* kNoPythonTorch =
+    "python3-torch is not installed: these tests export models with it; run scripts/setup.sh (make test does)";
 
 /// Fixes torch's global seed and one thread, so every test is deterministic.
 class SeededTest : public ::testing::Test {

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <limits>
+#include <optional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -162,8 +163,9 @@ class Learner {
   void fine_tune(int64_t epochs, double base_lr = 2e-3, int64_t freeze_epochs = 1, double lr_mult = 100);
 
   // ---- Parameter groups (fastai's splitter, freeze, discriminative lr) --------
-  /// How many groups the splitter made (1 without one).
-  int64_t n_groups();
+  /// How many groups the splitter made (1 without one). The splitter runs once,
+  /// in the constructor: asking builds nothing.
+  int64_t n_groups() const { return static_cast<int64_t>(groups_.size()); }
   /// Trains only groups n.. from now on: the parameters of groups before n stop
   /// requiring gradients (norm layers' stay trainable with train_bn), so the
   /// optimizer leaves them and their state untouched. Negative n counts from the
@@ -176,7 +178,7 @@ class Learner {
   /// Groups before this one are frozen (0: none).
   int64_t frozen_idx() const { return frozen_idx_; }
   /// The model's parameters of each group, as the splitter made them.
-  const ParamGroups& param_groups();
+  const ParamGroups& param_groups() const { return groups_; }
   /// Sets each group's learning rate (one value per group; every optimizer
   /// param group of a parameter group gets it). Throws c10::Error on a count mismatch.
   void set_lrs(const std::vector<double>& lrs);
@@ -239,6 +241,8 @@ class Learner {
   /// a temporary file in the same directory, fsync, rename; a crash mid-save
   /// leaves the previous file intact. Missing folders on the path are created.
   void save(const std::string& path);
+  /// The same checkpoint's bytes, in memory (load_from_memory reads them back).
+  std::string save_to_memory();
   /// Restores a checkpoint written by save(). The next fit, called with the same
   /// number of epochs, continues exactly where the saved one stopped. Throws
   /// c10::Error naming the problem for a missing, truncated or corrupt file, or
@@ -252,7 +256,7 @@ class Learner {
   static void open_checkpoint(const std::string& path, torch::serialize::InputArchive& archive);
   /// True while a fit continues from a loaded checkpoint (until the training
   /// phase of the epoch it resumed in ends).
-  bool resuming() const { return resuming_; }
+  bool resuming() const { return resume_.active.has_value(); }
 
   /// Attaches a callback (kept sorted by `order`, stable). Returns *this for chaining.
   Learner& add_cb(CallbackPtr cb);
@@ -330,17 +334,25 @@ class Learner {
   std::shared_ptr<Recorder> recorder_;
   std::vector<CallbackPtr> cbs_;
 
-  /// Where a resumed fit continues: epoch, next training batch, iteration count.
-  struct ResumePoint {
-    int64_t epoch = 0, batch = 0, train_iter = 0, n_epoch = 0;
-    torch::Tensor loader_state;  // training loader's generator at the start of `epoch`
+  /// A point in training: the epoch, its next training batch, and the training
+  /// loader's generator as that epoch began (to replay its permutation).
+  struct Position {
+    int64_t epoch = 0, batch = 0;
+    torch::Tensor loader_state;
   };
-  std::unique_ptr<ResumePoint> pending_resume_;  // set by load(), used by the next fit
-  bool resuming_ = false;
-  int64_t start_epoch_ = 0, resume_batch_ = 0;
-  torch::Tensor resume_loader_state_;
-  int64_t next_epoch_ = 0, next_batch_ = 0;  // where training would continue now
-  torch::Tensor epoch_loader_state_;         // training loader's generator when this epoch began
+  /// All resume state, in one place.
+  struct ResumeState {
+    Position now;  ///< where training would continue now: what save() writes
+    struct Pending {
+      Position at;
+      int64_t train_iter = 0, n_epoch = 0;
+    };
+    std::optional<Pending> pending;  ///< set by load(), taken by the next fit
+    std::optional<Position> active;  ///< the point the running fit resumed from, until that epoch's training ends
+  };
+  ResumeState resume_;
+  /// Runs the splitter and checks its groups (the constructor's; groups_ never changes after).
+  ParamGroups make_groups();
 
   data::Batch batch_;
   torch::Tensor pred_, loss_, loss_grad_;

@@ -1,5 +1,7 @@
 #pragma once
-/// The built-in models of the CLI, the demo, the benchmarks and the doctor.
+/// The model zoo: the built-in models of the CLI, the demo, the benchmarks and
+/// the doctor, as libtorch modules. Which name builds which, with its default data
+/// and threads, is the run layer's registry (mixtrain/run/model_registry.h).
 
 #include "mixtrain/learner.h"
 
@@ -16,15 +18,6 @@
 #include <vector>
 
 namespace torch::nn { class Module; }
-
-namespace mixtrain {
-
-/// Whether `module` is a normalization layer (BatchNorm*, LayerNorm, GroupNorm,
-/// InstanceNorm*): master weights keep them in fp32, and fastai's default optimizer
-/// does not decay their parameters.
-bool is_norm_layer(const torch::nn::Module& module);
-
-} // namespace mixtrain
 
 namespace mixtrain::models {
 
@@ -61,7 +54,7 @@ struct TransformerOptions {
   TORCH_ARG(int64_t, layers) = 2;
 };
 
-/// Causal multi-head self-attention (q, k, v from one linear; amp::compat::causal_attention).
+/// Causal multi-head self-attention (q, k, v from one linear; compat::causal_attention).
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   CausalSelfAttentionImpl(int64_t d_model, int64_t heads);
@@ -103,11 +96,5 @@ class TransformerLMImpl : public torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 TORCH_MODULE(TransformerLM);
-
-/// The built-in names, in the order the CLI lists them.
-std::vector<std::string> builtin_names();
-/// The built-in model named `name` (cnn, mlp, resnet, transformer); throws
-/// c10::Error naming the choices otherwise.
-Model by_name(const std::string& name);
 
 } // namespace mixtrain::models

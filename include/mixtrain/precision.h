@@ -36,6 +36,14 @@ Precision parse_precision(const std::string& name);
 std::vector<Precision> all_precisions();
 /// Whether the mode scales the loss (fp16, fp16-master, bf16-master).
 bool precision_scales_loss(Precision precision);
+/// The dtype the mode computes in: kFloat (fp32), kHalf (fp16, fp16-master),
+/// kBFloat16 (bf16, bf16-master). The one place this mapping is written.
+c10::ScalarType compute_dtype(Precision precision);
+/// Whether the mode keeps fp32 master weights (fp16-master, bf16-master).
+bool uses_master_weights(Precision precision);
+/// The mode that computes in `dtype`, with or without master weights (the inverse
+/// of compute_dtype; kFloat is fp32).
+Precision precision_for(c10::ScalarType dtype, bool master_weights);
 
 /// The options of every mode; each mode reads its own.
 struct PrecisionOptions {

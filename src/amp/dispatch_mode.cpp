@@ -1,6 +1,6 @@
 #include "dispatch_mode.h"
 
-#include "mixtrain/amp/fp16_emulation.h"
+#include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/op_trace.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -27,7 +27,7 @@ thread_local bool inside_traced_op = false;
 
 int& depth(Mode mode) {
   switch (mode) {
-    case Mode::kFp16Emulation: return emulation_depth;
+    case Mode::kReducedPrecisionEmulation: return emulation_depth;
     case Mode::kFp32Norms: return norms_depth;
     case Mode::kOpTrace: break;
   }

@@ -14,7 +14,7 @@
 
 namespace mixtrain::amp::detail {
 
-enum class Mode { kFp16Emulation, kFp32Norms, kOpTrace };
+enum class Mode { kReducedPrecisionEmulation, kFp32Norms, kOpTrace };
 
 /// Installs the observer for this thread (nullptr removes it); returns the previous one.
 OpObserver* set_op_observer(OpObserver* observer);
@@ -36,7 +36,7 @@ class DispatchModeGuard {
 
 bool mode_active(Mode mode);
 
-// ---- fp16/bf16 emulation's helpers (fp16_emulation.cpp).
+// ---- fp16/bf16 emulation's helpers (reduced_precision_emulation.cpp).
 
 /// A fresh float tensor holding `x` rounded through `dtype` (no autograd).
 at::Tensor rounded_copy(const at::Tensor& x, c10::ScalarType dtype);

@@ -1,6 +1,7 @@
 #include "mixtrain/amp/grad_scaler.h"
 
 #include "mixtrain/amp/unscale.h"
+#include "mixtrain/option_error.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -24,17 +25,16 @@ LossScaleRuleOptions rule_options(const GradScalerOptions& o) {
 } // namespace
 
 void validate(const GradScalerOptions& o) {
-  TORCH_CHECK(o.init_scale() > 0 && std::isfinite(o.init_scale()), "Invalid init_scale: ", o.init_scale(),
-              " (must be > 0 and finite)");
-  TORCH_CHECK(o.growth_factor() > 1, "Invalid growth_factor: ", o.growth_factor(), " (must be > 1)");
-  TORCH_CHECK(o.backoff_factor() > 0 && o.backoff_factor() < 1, "Invalid backoff_factor: ", o.backoff_factor(),
-              " (must be in (0, 1))");
-  TORCH_CHECK(o.growth_interval() >= 1, "Invalid growth_interval: ", o.growth_interval(), " (must be >= 1)");
-  TORCH_CHECK(o.min_scale() >= 0, "Invalid min_scale: ", o.min_scale(), " (must be >= 0)");
-  TORCH_CHECK(o.max_scale() > 0, "Invalid max_scale: ", o.max_scale(), " (must be > 0)");
-  TORCH_CHECK(o.min_scale() <= o.init_scale() && o.init_scale() <= o.max_scale(), "Invalid init_scale: ",
-              o.init_scale(), " (must lie in [min_scale, max_scale] = [", o.min_scale(), ", ", o.max_scale(), "])");
-  TORCH_CHECK(o.hysteresis() >= 1, "Invalid hysteresis: ", o.hysteresis(), " (must be >= 1)");
+  // OptionError carries the option's key, so a front end names it in its own words.
+  check_option(o.init_scale() > 0 && std::isfinite(o.init_scale()), "init_scale", o.init_scale(), "must be > 0 and finite");
+  check_option(o.growth_factor() > 1, "growth_factor", o.growth_factor(), "must be > 1");
+  check_option(o.backoff_factor() > 0 && o.backoff_factor() < 1, "backoff_factor", o.backoff_factor(), "must be in (0, 1)");
+  check_option(o.growth_interval() >= 1, "growth_interval", o.growth_interval(), "must be >= 1");
+  check_option(o.min_scale() >= 0, "min_scale", o.min_scale(), "must be >= 0");
+  check_option(o.max_scale() > 0, "max_scale", o.max_scale(), "must be > 0");
+  check_option(o.min_scale() <= o.init_scale() && o.init_scale() <= o.max_scale(), "init_scale", o.init_scale(),
+               c10::str("must lie in [min_scale, max_scale] = [", o.min_scale(), ", ", o.max_scale(), "]"));
+  check_option(o.hysteresis() >= 1, "hysteresis", o.hysteresis(), "must be >= 1");
 }
 
 GradScaler::GradScaler(GradScalerOptions options)

@@ -4,6 +4,7 @@
 #include "dispatch_mode.h"
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/learner.h"
+#include "mixtrain/option_error.h"
 
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/instancenorm.h>
@@ -68,11 +69,11 @@ LossScaleRuleOptions v1_rule(const MasterWeightsOptions& o) {
 void validate(const MasterWeightsOptions& o) {
   TORCH_CHECK(o.dtype() == torch::kHalf || o.dtype() == torch::kBFloat16,
               "MasterWeights: dtype must be Half or BFloat16, got ", o.dtype());
-  TORCH_CHECK(o.max_noskip() >= 1, "Invalid max_noskip: ", o.max_noskip(), " (must be >= 1)");
-  TORCH_CHECK(o.max_scale() >= 1 && !std::isnan(o.max_scale()), "Invalid max_scale: ", o.max_scale(), " (must be >= 1)");
-  TORCH_CHECK(o.loss_scale() >= 0 && std::isfinite(o.loss_scale()), "Invalid loss_scale: ", o.loss_scale(),
-              " (must be > 0; 0 picks the default)");
-  TORCH_CHECK(o.clip() >= 0 && std::isfinite(o.clip()), "Invalid clip: ", o.clip(), " (must be > 0; 0 is off)");
+  check_option(o.max_noskip() >= 1, "max_noskip", o.max_noskip(), "must be >= 1");
+  check_option(o.max_scale() >= 1 && !std::isnan(o.max_scale()), "max_scale", o.max_scale(), "must be >= 1");
+  check_option(o.loss_scale() >= 0 && std::isfinite(o.loss_scale()), "loss_scale", o.loss_scale(),
+               "must be > 0; 0 picks the default");
+  check_option(o.clip() >= 0 && std::isfinite(o.clip()), "clip", o.clip(), "must be > 0; 0 is off");
 }
 
 MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
@@ -81,9 +82,10 @@ MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
   order = 10;
   validate(options_);
   const auto dtype = options_.dtype();
-  TORCH_CHECK(!(dtype == torch::kHalf && learn.device().is_cpu()),
-              "fp16 master weights need CUDA: libtorch has no CPU half matmul. Use bf16 master weights "
-              "(to_half(MasterWeightsOptions().dtype(kBFloat16))) or emulated fp16 (to_fp16())");
+  if (dtype == torch::kHalf && learn.device().is_cpu())
+    throw OptionError("precision", "fp16 master weights need CUDA: libtorch has no CPU half matmul. Use bf16 master weights (" +
+                                       Phrase::setting("precision", "bf16-master") + ") or emulated fp16 (" +
+                                       Phrase::setting("precision", "fp16") + ")");
 
   // The optimizer's param groups decide the master groups; create it now if needed.
   torch::optim::Optimizer& opt = learn.opt();

@@ -1,6 +1,8 @@
 #include "mixtrain/amp/mixed_precision.h"
 
 #include "mixtrain/learner.h"
+#include "mixtrain/compat.h"
+#include "mixtrain/option_error.h"
 
 #include "../archive_util.h"
 
@@ -49,9 +51,10 @@ bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool al
     }
   }
   if (dtype != c10::ScalarType::Half || device != c10::DeviceType::CPU) return false;
-  TORCH_CHECK(allow_fp16_emulation,
-              "fp16 mixed precision needs CUDA, and fp16 emulation on CPU is forbidden (allow_fp16_emulation false); "
-              "use bf16 (real CPU autocast), fp32, or allow emulation");
+  if (!allow_fp16_emulation)
+    throw OptionError("no_emulation", "fp16 mixed precision needs CUDA, and fp16 emulation on CPU is forbidden (" +
+                                          Phrase::setting("no_emulation", "true") + "); use bf16 (real CPU autocast), fp32, "
+                                          "or allow emulation");
   static bool emulation_noticed = false;
   notice_once(emulation_noticed, "fp16 numerics are emulated on CPU (no speed-up; for checking fp16 safety)");
   return true;

@@ -8,6 +8,7 @@
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/learner.h"
+#include "mixtrain/option_error.h"
 
 #include <torch/torch.h>
 
@@ -63,11 +64,11 @@ data::Batch probe_batch(Learner& learn) {
 } // namespace
 
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
-  TORCH_CHECK(o.dtype() == c10::ScalarType::Half || o.dtype() == c10::ScalarType::BFloat16,
-              "diagnose::compare: dtype must be Half or BFloat16, got ", o.dtype());
+  TORCH_CHECK(o.precision() == Precision::kFp16 || o.precision() == Precision::kBf16,
+              "diagnose::compare: precision must be fp16 or bf16, got ", precision_name(o.precision()));
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;
-  const bool fp16 = o.dtype() == c10::ScalarType::Half;
+  const bool fp16 = o.precision() == Precision::kFp16;
 
   torch::manual_seed(o.seed());
   std::unique_ptr<Learner> baseline = make_learner();
@@ -82,7 +83,9 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
 
   // D first: nothing else needs to run when the precision cannot.
   try {
-    amp::check_precision_supported(o.dtype(), baseline->device(), o.allow_fp16_emulation());
+    amp::check_precision_supported(compute_dtype(o.precision()), baseline->device(), o.allow_fp16_emulation());
+  } catch (const OptionError& e) {
+    ev.unsupported = e.phrase();
   } catch (const c10::Error& e) {
     ev.unsupported = mixtrain::detail::first_line(e.what_without_backtrace());
   } catch (const std::exception& e) {

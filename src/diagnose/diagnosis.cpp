@@ -1,7 +1,7 @@
 #include "mixtrain/diagnose/diagnosis.h"
 
 #include "../json_number.h"
-#include "short_number.h"
+#include "../short_number.h"
 
 #include <nlohmann/json.hpp>
 
@@ -57,7 +57,7 @@ std::string scale_sentence(const ScaleAnalysis& s) {
          std::to_string(s.longest_skip_run) + ")";
 }
 
-void add_input_findings(const Evidence& e, std::vector<std::string>& findings) {
+void add_input_findings(const Evidence& e, std::vector<Phrase>& findings) {
   if (!e.inputs) return;
   for (const auto& f : e.inputs->findings) findings.push_back("input check: " + f);
 }
@@ -79,7 +79,7 @@ Diagnosis decide(Evidence e) {
   const std::optional<double> gap = e.gap_percent();
   bool gap_said = false;  // the deciding evidence already states the gap
 
-  auto finish = [&](Verdict v, std::string headline, std::vector<std::string> fixes) {
+  auto finish = [&](Verdict v, std::string headline, std::vector<Phrase> fixes) {
     d.verdict = v;
     d.headline = std::move(headline);
     d.fixes = std::move(fixes);
@@ -98,9 +98,11 @@ Diagnosis decide(Evidence e) {
       d.findings.push_back("at risk (fp16 outputs above 2^14): " + t->at_risk.front().where() + " reaches " +
                            short_number(t->at_risk.front().max_abs));
     if (e.inputs)
-      for (const auto& f : e.inputs->findings)
-        if (std::find(d.findings.begin(), d.findings.end(), "input check: " + f) == d.findings.end())
-          d.findings.push_back("input check: " + f);
+      for (const auto& f : e.inputs->findings) {
+        const std::string line = "input check: " + f;
+        if (std::none_of(d.findings.begin(), d.findings.end(), [&](const Phrase& p) { return p.str() == line; }))
+          d.findings.push_back(line);
+      }
     d.evidence = std::move(e);
     return d;
   };
@@ -108,14 +110,16 @@ Diagnosis decide(Evidence e) {
   // D: it cannot run at all.
   if (!e.unsupported.empty()) {
     d.findings.push_back(e.unsupported);
-    const bool bf16 = e.unsupported.find("bfloat16") != std::string::npos;
+    const bool bf16 = e.unsupported.str().find("bfloat16") != std::string::npos;
     return finish(Verdict::kUnsupported, "unsupported: " + std::string(bf16 ? "bf16" : "fp16") +
                                              " mixed precision cannot run on this device",
-                  bf16 ? std::vector<std::string>{"use to_fp16() or fp32 on this GPU; bf16 needs "
-                                                  "an Ampere or newer GPU"}
-                       : std::vector<std::string>{
-                             "train in bf16 (real CPU autocast, to_bf16()) or fp32 on this machine",
-                             "allow fp16 emulation (allow_fp16_emulation true) to check fp16 safety on CPU",
+                  bf16 ? std::vector<Phrase>{"use " + Phrase::setting("precision", "fp16") +
+                                             " or fp32 on this GPU; bf16 needs an Ampere or newer GPU"}
+                       : std::vector<Phrase>{
+                             "train in bf16 (real CPU autocast, " + Phrase::setting("precision", "bf16") +
+                                 ") or fp32 on this machine",
+                             "allow fp16 emulation (" + Phrase::setting("no_emulation", "false") +
+                                 ") to check fp16 safety on CPU",
                              "run fp16 on a CUDA GPU for its speed-up"});
   }
 
@@ -146,7 +150,7 @@ Diagnosis decide(Evidence e) {
       if (!nonfinite && at_chance)
         d.findings.push_back("the fp32 baseline is at chance: validation accuracy " + short_number(accuracy) + " against " +
                              short_number(base->chance_accuracy) + " for a guess");
-      std::vector<std::string> fixes{"fix the model or the data first: fp16 is not the cause (fp32 fails the same way)"};
+      std::vector<Phrase> fixes{"fix the model or the data first: fp16 is not the cause (fp32 fails the same way)"};
       if (e.inputs && e.inputs->nonfinite) fixes.push_back("remove or impute the NaN/Inf values in the inputs");
       if (e.inputs && e.inputs->unnormalized) fixes.push_back("normalize the inputs (mean 0, std 1)");
       fixes.push_back("lower the learning rate if the loss diverges");
@@ -165,7 +169,7 @@ Diagnosis decide(Evidence e) {
       d.findings.push_back(std::to_string(s->nonfinite_losses) + " " + mixed_name + " losses were NaN/Inf, the first at step " +
                            std::to_string(s->first_nonfinite_step) + " (epoch " + std::to_string(s->first_nonfinite_epoch) + ")");
     add_input_findings(e, d.findings);
-    std::vector<std::string> fixes;
+    std::vector<Phrase> fixes;
     fixes.push_back(e.inputs && e.inputs->unnormalized ? "normalize or scale the inputs: " + e.inputs->findings.back()
                                                        : "normalize or scale the inputs (raw 0-255 pixels and unscaled "
                                                          "tabular features are the usual culprits)");
@@ -174,8 +178,8 @@ Diagnosis decide(Evidence e) {
                                    "unscaled layer, exp/pow in custom code, a custom loss casting to half)"
                              : "fix the overflowing op (large logits from an unscaled layer, exp/pow in custom code, a "
                                "custom loss casting to half)");
-    fixes.push_back("only then start the scaler lower (GradScalerOptions().init_scale(256)): that helps when "
-                    "the scaled loss overflows, not when the forward pass does");
+    fixes.push_back("only then start the scaler lower (" + Phrase::setting("init_scale", "256") +
+                    "): that helps when the scaled loss overflows, not when the forward pass does");
     return finish(Verdict::kForwardOverflow, "forward_overflow: an fp16 activation overflows in the forward pass" +
                                                  (overflow ? " at " + overflow->where() : std::string()),
                   fixes);
@@ -205,7 +209,7 @@ Diagnosis decide(Evidence e) {
     return finish(Verdict::kGradientOverflow,
                   "gradient_overflow: the initial loss scale " + short_number(s->initial_scale) +
                       " is far too high; the back-off never reached a workable scale in this run",
-                  {"start the scaler lower: GradScalerOptions().init_scale(" + short_number(workable) + ")",
+                  {"start the scaler lower: " + Phrase::setting("init_scale", short_number(workable)),
                    "or train longer: the back-off settles by itself after about " + std::to_string(more) + " more steps"});
   }
 
@@ -224,9 +228,9 @@ Diagnosis decide(Evidence e) {
     return finish(Verdict::kGradientOverflow,
                   "gradient_overflow: gradients overflow fp16 on " + pct(s->skip_rate) + " of steps" +
                       (s->collapsed ? " and the loss scale collapsed" : ""),
-                  {"lower the learning rate", "add gradient clipping (callbacks::GradientClip(1.0))",
-                   "or accept that this model is not fp16-safe: switch to bf16 (to_bf16(): no scaler, "
-                   "no overflow cliff) or back to fp32"});
+                  {"lower the learning rate", "add gradient clipping (" + Phrase::setting("clip", "1") + ")",
+                   "or accept that this model is not fp16-safe: switch to bf16 (" + Phrase::setting("precision", "bf16") +
+                       ": no scaler, no overflow cliff) or back to fp32"});
   }
 
   // C: it runs, but learns less than fp32.
@@ -249,7 +253,7 @@ Diagnosis decide(Evidence e) {
     if (pinned) d.findings.push_back("the loss scale sits at its minimum while the loss is flat");
     if (skip_problem) d.findings.push_back("too many skipped steps: " + pct(s->skip_rate) + " of the optimizer steps did nothing");
     gap_said = gap_problem;
-    std::vector<std::string> fixes;
+    std::vector<Phrase> fixes;
     // Targeted fixes first, when the measurements point at the scaler itself;
     // then the guide's fix for underflow (bf16). The targeted ones go beyond the guide.
     // When gradients flush and none overflows, the measured gradients say how far
@@ -262,18 +266,18 @@ Diagnosis decide(Evidence e) {
         if (safe >= 4 * e.gradients->scale)
           fixes.push_back("raise the loss scale: at " + short_number(e.gradients->scale) + " " + pct(e.gradients->underflow) +
                           " of gradients flush to zero, and the largest gradient (" + short_number(largest) + ") leaves room up to " +
-                          short_number(safe) + " (GradScalerOptions().init_scale(" + short_number(safe) + "))");
+                          short_number(safe) + " (" + Phrase::setting("init_scale", short_number(safe)) + ")");
       }
     }
     if (skip_problem && s->settling_steps * 2 >= s->skipped)
       fixes.push_back("start the scaler lower: the first " + std::to_string(s->settling_steps) +
                       " steps were skipped backing off from " + short_number(s->initial_scale) + " to " +
-                      short_number(s->settled_scale) + " (GradScalerOptions().init_scale(" + short_number(s->settled_scale) + "))");
+                      short_number(s->settled_scale) + " (" + Phrase::setting("init_scale", short_number(s->settled_scale)) + ")");
     else if (skip_problem)
-      fixes.push_back("if steps are skipped: lower the learning rate or clip gradients (callbacks::GradientClip(1.0))");
+      fixes.push_back("if steps are skipped: lower the learning rate or clip gradients (" + Phrase::setting("clip", "1") + ")");
     fixes.push_back(
-        "this model needs fp32's range: prefer bf16 (to_bf16(): fp32's exponent range, half the "
-        "memory) over fighting the scaler");
+        "this model needs fp32's range: prefer bf16 (" + Phrase::setting("precision", "bf16") +
+        ": fp32's exponent range, half the memory) over fighting the scaler");
     fixes.push_back("or stay in fp32");
     return finish(Verdict::kUnderflow,
                   "underflow: " + mixed_name + " learns less than fp32" +
@@ -333,10 +337,18 @@ nlohmann::json run_json(const RunEvidence& r) {
 
 } // namespace
 
-std::string Diagnosis::to_json() const {
+namespace {
+nlohmann::json phrases_json(const std::vector<Phrase>& phrases, const OptionWords& words) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& p : phrases) j.push_back(p.str(words));
+  return j;
+}
+} // namespace
+
+std::string Diagnosis::to_json(const OptionWords& words) const {
   nlohmann::json ev = nlohmann::json::object();
   const Evidence& e = evidence;
-  if (!e.unsupported.empty()) ev["unsupported"] = e.unsupported;
+  if (!e.unsupported.empty()) ev["unsupported"] = e.unsupported.str(words);
   if (e.fp32) ev["fp32"] = run_json(*e.fp32);
   if (e.mixed) ev["mixed"] = run_json(*e.mixed);
   if (auto g = e.gap_percent()) ev["gap_percent"] = *g;
@@ -358,23 +370,23 @@ std::string Diagnosis::to_json() const {
                     {"std", json_number(e.inputs->std)}, {"min", json_number(e.inputs->min)}, {"max", json_number(e.inputs->max)},
                     {"raw_pixels", e.inputs->raw_pixels}, {"unnormalized", e.inputs->unnormalized},
                     {"findings", e.inputs->findings}};
-  nlohmann::json j{{"verdict", to_string(verdict)}, {"headline", headline}, {"findings", findings},
-                   {"evidence", ev}, {"fixes", fixes}};
+  nlohmann::json j{{"verdict", to_string(verdict)}, {"headline", headline}, {"findings", phrases_json(findings, words)},
+                   {"evidence", ev}, {"fixes", phrases_json(fixes, words)}};
   return j.dump(2) + "\n";
 }
 
-std::string Diagnosis::report() const {
+std::string Diagnosis::report(const OptionWords& words) const {
   std::ostringstream out;
   out << "verdict: " << to_string(verdict) << "\n  " << headline << "\n";
   if (!findings.empty()) {
     out << "evidence:\n";
-    for (const auto& f : findings) out << "  - " << f << "\n";
+    for (const auto& f : findings) out << "  - " << f.str(words) << "\n";
   }
   if (fixes.empty()) {
     out << "fixes: none needed\n";
   } else {
     out << "fixes, in order:\n";
-    for (size_t i = 0; i < fixes.size(); ++i) out << "  " << i + 1 << ". " << fixes[i] << "\n";
+    for (size_t i = 0; i < fixes.size(); ++i) out << "  " << i + 1 << ". " << fixes[i].str(words) << "\n";
   }
   return out.str();
 }

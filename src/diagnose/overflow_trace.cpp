@@ -4,7 +4,7 @@
 
 #include "diagnostic_pass.h"
 #include "mixtrain/amp/autocast.h"
-#include "mixtrain/amp/fp16_emulation.h"
+#include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/op_trace.h"
 #include "mixtrain/learner.h"
 
@@ -139,7 +139,7 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
   OverflowTrace trace;
   {
     torch::NoGradGuard no_grad;
-    std::optional<amp::Fp16Emulation> emulation;
+    std::optional<amp::ReducedPrecisionEmulation> emulation;
     std::optional<amp::autocast> autocast;
     if (device.is_cuda())
       autocast.emplace(c10::DeviceType::CUDA, torch::kHalf);

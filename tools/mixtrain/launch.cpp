@@ -1,6 +1,6 @@
 #include "launch.h"
 
-#include "flags.h"
+#include "cli_options.h"
 
 #include <fcntl.h>
 #include <poll.h>

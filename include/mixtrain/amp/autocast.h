@@ -1,5 +1,5 @@
 #pragma once
-/// RAII autocast guard, and the one seam where libtorch 1.13 and 2.x differ.
+/// RAII autocast guard (the libtorch 1.13 / 2.x differences it needs are in mixtrain/compat.h).
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -34,29 +34,5 @@ class autocast {
   bool prev_cache_enabled_;
 };
 
-/// Version-independent access to autocast state (implemented in src/amp/compat.cpp,
-/// the only place that knows libtorch versions).
-namespace compat {
-bool is_autocast_enabled(c10::DeviceType device);
-void set_autocast_enabled(c10::DeviceType device, bool enabled);
-c10::ScalarType get_autocast_dtype(c10::DeviceType device);
-void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype);
-int increment_nesting();
-int decrement_nesting();
-void clear_autocast_cache();
-/// Whether this libtorch was built with CUDA and a GPU is visible.
-bool cuda_available();
-/// Whether GPU `device_index` (-1: the current one) supports bf16 (compute capability >= 8.0).
-bool cuda_bf16_supported(int device_index = -1);
-bool is_autocast_cache_enabled();
-void set_autocast_cache_enabled(bool enabled);
-/// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX). The
-/// environment variable MIXTRAIN_CPU_BF16=0 (or 1) overrides what /proc/cpuinfo says.
-bool cpu_has_native_bf16();
-/// Causal self-attention softmax(q k^T / sqrt(d) + causal mask) v over [B, H, T, d]
-/// tensors: torch 2.x's fused scaled_dot_product_attention where libtorch has it,
-/// the explicit matmul / masked_fill / softmax / matmul on 1.13.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
-} // namespace compat
 
 } // namespace mixtrain::amp

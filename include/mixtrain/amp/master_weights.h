@@ -5,7 +5,7 @@
 
 #include "mixtrain/amp/loss_scale_rule.h"
 #include "mixtrain/amp/precision_callback.h"
-#include "mixtrain/models.h"
+#include "mixtrain/norm_layer.h"
 
 #include <torch/arg.h>
 #include <torch/types.h>

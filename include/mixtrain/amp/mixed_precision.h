@@ -3,7 +3,7 @@
 /// without fastai's silences: every step's scale and skip goes to the Recorder and is kept.
 
 #include "mixtrain/amp/autocast.h"
-#include "mixtrain/amp/fp16_emulation.h"
+#include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/amp/precision_callback.h"
 
@@ -30,7 +30,7 @@ bool check_precision_supported(c10::ScalarType dtype, c10::Device device, bool a
 /// dtype kHalf uses a GradScaler; kBFloat16 has fp32's range and uses none
 /// (as fastai). kFloat disables autocast and keeps the scaler: fp32 with loss
 /// scaling, useful to measure the scaler's cost or to test skip handling.
-/// fp16 on CPU is emulated (amp/fp16_emulation.h) unless `allow_fp16_emulation`
+/// fp16 on CPU is emulated (amp/reduced_precision_emulation.h) unless `allow_fp16_emulation`
 /// is false, which makes it an error at fit.
 /// Every attempted step's scale and skip is written to the Learner's StepInfo,
 /// so the Recorder holds the history.
@@ -85,7 +85,7 @@ class MixedPrecision : public PrecisionCallback {
   bool emulated_ = false;
   std::optional<c10::Device> prepared_for_;  // the device emulated_ was decided for
   std::optional<autocast> guard_;
-  std::optional<Fp16Emulation> emulation_;
+  std::optional<ReducedPrecisionEmulation> emulation_;
   bool step_attempted_ = false;
 };
 

@@ -51,7 +51,7 @@ class OpObserver {
   /// `outputs` are measured before fp16 emulation rounds them to half, so a value
   /// that rounds to inf still shows its real magnitude. `ran_reduced`: the op ran
   /// in fp16 (or bf16) and its results are fp16 tensors, as the emulation decided
-  /// it (fp16_emulation.h's rules) or, under real autocast, their dtype says.
+  /// it (reduced_precision_emulation.h's rules) or, under real autocast, their dtype says.
   /// `results` are what the op returns to its caller (rounded, under emulation).
   virtual void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs,
                      c10::ArrayRef<c10::IValue> results, bool ran_reduced) = 0;

@@ -5,6 +5,7 @@
 
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/diagnose/diagnosis.h"
+#include "mixtrain/precision.h"
 
 #include <torch/arg.h>
 
@@ -29,8 +30,8 @@ using LearnerFactory = std::function<std::unique_ptr<Learner>()>;
 struct CompareOptions {
   TORCH_ARG(int64_t, epochs) = 1;
   TORCH_ARG(double, lr) = 1e-3;
-  /// kHalf (to_fp16) or kBFloat16 (to_bf16).
-  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
+  /// The mixed precision compared with fp32: Precision::kFp16 or kBf16.
+  TORCH_ARG(Precision, precision) = Precision::kFp16;
   TORCH_ARG(amp::GradScalerOptions, scaler) = {};
   TORCH_ARG(bool, allow_fp16_emulation) = true;
   /// torch's global seed, set before building each Learner and before each fit.

@@ -1,11 +1,15 @@
 #pragma once
-/// Verdicts: the failure classes of fp16 training (forward overflow, gradient overflow, underflow, unsupported setups) decided from measurements, with
-/// the evidence behind them and the seed's fixes in the seed's order.
+/// Verdicts: the failure classes of fp16 training (forward overflow, gradient
+/// overflow, underflow, unsupported setups, a baseline that fails in fp32 too),
+/// decided from measurements, with the evidence behind them and the fixes, most
+/// targeted first. Fixes and findings name options by key (mixtrain/phrase.h),
+/// so each front end prints them in its own words.
 
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/diagnose/scale_analysis.h"
+#include "mixtrain/phrase.h"
 
 #include <limits>
 #include <optional>
@@ -16,10 +20,10 @@ namespace mixtrain::diagnose {
 
 enum class Verdict {
   kHealthy,           ///< mixed precision trains like fp32
-  kForwardOverflow,   ///< A: an fp16 activation overflows (NaN within the first epoch)
-  kGradientOverflow,  ///< B: gradients keep overflowing; the scale collapses
-  kUnderflow,         ///< C: loss plateaus above fp32, or too many skipped steps
-  kUnsupported,       ///< D: this precision cannot run here
+  kForwardOverflow,   ///< an fp16 activation overflows (NaN within the first epoch)
+  kGradientOverflow,  ///< gradients keep overflowing; the scale collapses
+  kUnderflow,         ///< loss plateaus above fp32, or too many skipped steps
+  kUnsupported,       ///< this precision cannot run here
   kBrokenInFp32,      ///< the fp32 baseline fails too: the model or data is the problem
 };
 
@@ -67,7 +71,7 @@ struct RunEvidence {
 };
 
 struct Evidence {
-  std::string unsupported;                  ///< non-empty: why this precision cannot run here
+  Phrase unsupported;                       ///< non-empty: why this precision cannot run here
   std::optional<RunEvidence> fp32;          ///< the baseline
   std::optional<RunEvidence> mixed;         ///< the fp16 (or bf16) run
   std::optional<OverflowTrace> trace_start; ///< fp16 forward pass at the initial weights
@@ -81,15 +85,15 @@ struct Evidence {
 struct Diagnosis {
   Verdict verdict = Verdict::kHealthy;
   std::string headline;               ///< one line: the verdict in words
-  std::vector<std::string> findings;  ///< what was measured, most telling first
-  std::vector<std::string> fixes;     ///< most targeted first; empty when healthy
+  std::vector<Phrase> findings;       ///< what was measured, most telling first
+  std::vector<Phrase> fixes;          ///< most targeted first; empty when healthy
   Evidence evidence;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
-  /// A short, readable report (what `mixtrain doctor` prints).
-  std::string report() const;
-  /// {"verdict", "headline", "findings", "evidence", "fixes"} as JSON text.
-  std::string to_json() const;
+  /// A short, readable report (what `mixtrain doctor` prints), options named in `words`.
+  std::string report(const OptionWords& words = api_words()) const;
+  /// {"verdict", "headline", "findings", "evidence", "fixes"} as JSON text, options named in `words`.
+  std::string to_json(const OptionWords& words = api_words()) const;
 };
 
 /// The rules, on measurements alone (never on which model it is):

@@ -49,7 +49,7 @@ struct OverflowTrace {
 
 /// Runs one forward pass and loss of `learn`'s model on `batch` with fp16
 /// numerics (emulated on CPU, CUDA autocast on a GPU) and every op observed.
-/// Which ops run in fp16 is the emulation's decision (amp/fp16_emulation.h: the
+/// Which ops run in fp16 is the emulation's decision (amp/reduced_precision_emulation.h: the
 /// fp16 list, and unlisted ops whose inputs are all fp16 results), or on a GPU
 /// the dtype autocast gives their results: one source of truth. The model is in
 /// training mode; its buffers (BatchNorm statistics) are restored afterwards and

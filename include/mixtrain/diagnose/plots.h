@@ -1,5 +1,7 @@
 #pragma once
-/// The doctor's charts: what a person would rather look at than read.
+/// Charts of runs: the doctor's comparison (fp32 vs mixed loss, the loss-scale
+/// history) and any run's own (loss, schedule, scale), as SVG a person would
+/// rather look at than read.
 
 #include "mixtrain/diagnose/diagnosis.h"
 #include "mixtrain/recorder.h"

@@ -1,21 +1,20 @@
 #pragma once
-/// RunConfig: the settings of one training run as `mixtrain train` takes them,
-/// and as a run directory keeps them (OUT/args.json), so that `--resume` needs
-/// nothing else.
+/// RunConfig: the settings of one training run, as the run folder keeps them
+/// (OUT/args.json) so that a resume needs nothing else. Each field is described
+/// once, in the option table (mixtrain/run/options.h): its key, flag, help and
+/// default; args.json is read and written from that table.
 
-#include "mixtrain/data.h"
 #include "mixtrain/param_groups.h"
 #include "mixtrain/precision.h"
 
 #include <cstdint>
 #include <string>
 
-namespace mixtrain {
+namespace mixtrain::run {
 
 struct RunConfig {
-  /// Fashion-MNIST's directory, a tensor file (torch.save'd dict), or for the
-  /// transformer a text file or directory; empty: the model's own data
-  /// (Fashion-MNIST, the transformer's fortunes corpus).
+  /// Fashion-MNIST's directory, a tensor file (torch.save'd dict), or for a text
+  /// model a text file or directory; empty: the model's own data (the registry's).
   std::string data;
   std::string model = "cnn";                  ///< built-in model name, or a TorchScript file
   std::string loss = "cross_entropy";         ///< cross_entropy, mse or bce_with_logits
@@ -24,7 +23,8 @@ struct RunConfig {
   int64_t bs = 256;                           ///< batch size (per rank under data parallelism)
   uint64_t seed = 42;
   int64_t limit = -1;                         ///< first N training samples (-1: all)
-  int threads = 0;                            ///< intra-op threads (0: all cores)
+  int threads = 0;                            ///< threads in all (0: all cores)
+  std::string thread_policy = "auto";         ///< where threads go: auto (the model's), intra_op, blas
   Precision precision = Precision::kFp32;
   PrecisionOptions precision_options;         ///< the scaler's and the master weights' options
   double clip = 0;                            ///< global gradient-norm clip (0: off)
@@ -35,23 +35,27 @@ struct RunConfig {
   int64_t max_bad_steps = 10;                 ///< with loss scaling: consecutive NaN/inf losses tolerated
   std::string comm_dtype = "fp32";            ///< data parallel: dtype gradients travel in
   int ranks = 1;                              ///< data-parallel ranks the run was trained by
-  std::string monitor = "valid_loss";         ///< what --save-best and --early-stop follow
+  std::string monitor = "valid_loss";         ///< what save_best and early_stop follow
   bool save_best = false;                     ///< keep the best epoch's model and end with it
   int64_t early_stop = -1;                    ///< patience in epochs (-1: off)
   std::string split_at;                       ///< parameter groups start at these names ("a,b"; empty: one group)
   int64_t freeze_to = 0;                      ///< groups before this one do not train
 
-  /// Every field above as a JSON object. One table in run_config.cpp describes the
-  /// fields for both directions.
+  /// Every stored option of the table as a JSON object (args.json's text).
   std::string to_json() const;
-  /// The inverse of to_json(); throws c10::Error naming a missing or mistyped
-  /// field. Fields added since a run directory was written keep their defaults.
+  /// The inverse of to_json(). A field absent from an older file takes its
+  /// default; a missing first-release field, an unknown field or a mistyped one
+  /// throws c10::Error naming it.
   static RunConfig from_json(const std::string& text);
   /// Writes `dir`/args.json atomically.
   void write(const std::string& dir) const;
-  /// Reads `dir`/args.json; throws c10::Error naming the problem (missing file,
-  /// damaged JSON, a missing field).
+  /// Reads `dir`/args.json; throws c10::Error naming the problem ("damaged" only
+  /// for a file that is not JSON).
   static RunConfig read(const std::string& dir);
 };
 
+} // namespace mixtrain::run
+
+namespace mixtrain {
+using run::RunConfig;
 } // namespace mixtrain

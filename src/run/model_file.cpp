@@ -1,9 +1,9 @@
 // The trained model as a file: TorchScript for scripted models, an archive for built-ins.
-#include "mixtrain/model_file.h"
+#include "mixtrain/run/model_file.h"
 
-#include "first_line.h"
+#include "../first_line.h"
 #include "mixtrain/atomic_file.h"
-#include "mixtrain/models.h"
+#include "mixtrain/run/model_registry.h"
 #include "mixtrain/scripted_model.h"
 
 #include <torch/serialize.h>
@@ -53,7 +53,7 @@ Model load_model(const std::string& path) {
   }
   Model model;
   if (builtin) {
-    model = models::by_name(name.toStringRef());
+    model = run::build_builtin_model(name.toStringRef());
     torch::NoGradGuard no_grad;
     for (auto& p : model.module().named_parameters()) {
       torch::Tensor saved;

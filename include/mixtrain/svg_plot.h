@@ -1,11 +1,12 @@
 #pragma once
-/// A small SVG line-plot writer for the doctor's charts (no plotting library
+/// A small SVG line-plot writer for every chart mixtrain draws: run charts,
+/// lr_find, the doctor's comparison (no plotting library
 /// in Debian fits a C++ tool without pulling in Python or Qt).
 
 #include <string>
 #include <vector>
 
-namespace mixtrain::diagnose {
+namespace mixtrain {
 
 struct PlotSeries {
   std::string label;
@@ -37,4 +38,4 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
 /// Tick positions covering [lo, hi] in 1-2-5 steps (exposed for tests).
 std::vector<double> nice_ticks(double lo, double hi, int target_count = 6);
 
-} // namespace mixtrain::diagnose
+} // namespace mixtrain

@@ -2,14 +2,14 @@
 // module, gradient rounding and underflow, and its use by to_fp16().
 #include "test_util.h"
 
-#include <mixtrain/amp/fp16_emulation.h>
+#include <mixtrain/amp/reduced_precision_emulation.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <mixtrain/mixtrain.h>
 
 namespace {
 
 using namespace mixtrain;
-using amp::Fp16Emulation;
+using amp::ReducedPrecisionEmulation;
 
 torch::Tensor half_round(const torch::Tensor& t) { return t.to(torch::kHalf).to(torch::kFloat); }
 
@@ -21,9 +21,9 @@ struct TwoLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(TwoLayer);
 
-class Fp16EmulationTest : public test::SeededTest {};
+class ReducedPrecisionEmulationTest : public test::SeededTest {};
 
-TEST_F(Fp16EmulationTest, ActivationsAbove65504OverflowOnlyUnderEmulation) {
+TEST_F(ReducedPrecisionEmulationTest, ActivationsAbove65504OverflowOnlyUnderEmulation) {
   torch::nn::Linear big(4, 4);
   {
     torch::NoGradGuard g;
@@ -33,26 +33,26 @@ TEST_F(Fp16EmulationTest, ActivationsAbove65504OverflowOnlyUnderEmulation) {
   const torch::Tensor x = torch::full({2, 4}, 100.0);  // each output is 4e5 > 65504
   const torch::Tensor fp32 = big->forward(x);
   EXPECT_TRUE(torch::isfinite(fp32).all().item<bool>());
-  EXPECT_FALSE(Fp16Emulation::is_enabled());
+  EXPECT_FALSE(ReducedPrecisionEmulation::is_enabled());
   torch::Tensor fp16;
   {
-    Fp16Emulation on;
-    EXPECT_TRUE(Fp16Emulation::is_enabled());
+    ReducedPrecisionEmulation on;
+    EXPECT_TRUE(ReducedPrecisionEmulation::is_enabled());
     fp16 = big->forward(x);
   }
-  EXPECT_FALSE(Fp16Emulation::is_enabled());
+  EXPECT_FALSE(ReducedPrecisionEmulation::is_enabled());
   EXPECT_TRUE(torch::isinf(fp16).all().item<bool>());
   // 60000 is representable: no overflow just below the limit.
-  Fp16Emulation on;
+  ReducedPrecisionEmulation on;
   EXPECT_TRUE(torch::isfinite(big->forward(torch::full({1, 4}, 15.0))).all().item<bool>());
 }
 
-TEST_F(Fp16EmulationTest, UserModuleMatchesManualHalfRounding) {
+TEST_F(ReducedPrecisionEmulationTest, UserModuleMatchesManualHalfRounding) {
   TwoLayer net;
   const torch::Tensor x = torch::randn({5, 4}) * 3;
   torch::Tensor emulated;
   {
-    Fp16Emulation on;
+    ReducedPrecisionEmulation on;
     emulated = net->forward(x);
   }
   // Listed ops (linear) see half-rounded inputs and weights and give half-rounded outputs;
@@ -66,12 +66,12 @@ TEST_F(Fp16EmulationTest, UserModuleMatchesManualHalfRounding) {
   EXPECT_FALSE(torch::equal(emulated, net->forward(x)));  // fp32 differs: rounding really happened
 }
 
-TEST_F(Fp16EmulationTest, GradientsRoundThroughHalfAndUnderflowWithoutScaling) {
+TEST_F(ReducedPrecisionEmulationTest, GradientsRoundThroughHalfAndUnderflowWithoutScaling) {
   torch::nn::Linear lin(4, 2);
   const torch::Tensor x = torch::randn({3, 4});
   auto weight_grad = [&](double loss_scale, bool emulate) {
     lin->zero_grad();
-    std::optional<Fp16Emulation> on;
+    std::optional<ReducedPrecisionEmulation> on;
     if (emulate) on.emplace();
     torch::Tensor loss = lin->forward(x).sum() * 1e-9 * loss_scale;  // true grads ~1e-9 < fp16's 6e-8
     on.reset();
@@ -86,15 +86,15 @@ TEST_F(Fp16EmulationTest, GradientsRoundThroughHalfAndUnderflowWithoutScaling) {
   lin->zero_grad();
   torch::Tensor loss;
   {
-    Fp16Emulation on;
+    ReducedPrecisionEmulation on;
     loss = lin->forward(x).pow(2).sum();
   }
   loss.backward();
   EXPECT_TRUE(torch::equal(lin->weight.grad(), half_round(lin->weight.grad())));
 }
 
-TEST_F(Fp16EmulationTest, Fp32ListOpsStayFp32EvenOnFp16Results) {
-  Fp16Emulation on;
+TEST_F(ReducedPrecisionEmulationTest, Fp32ListOpsStayFp32EvenOnFp16Results) {
+  ReducedPrecisionEmulation on;
   const torch::Tensor h = torch::nn::functional::linear(torch::full({1, 1}, 3.0), torch::full({1, 1}, 4.0));
   ASSERT_TRUE(amp::holds_reduced_result(h));
   const torch::Tensor big = torch::exp(h);  // e^12 = 162754.8 > 65504: exp is on autocast's fp32 list
@@ -103,7 +103,7 @@ TEST_F(Fp16EmulationTest, Fp32ListOpsStayFp32EvenOnFp16Results) {
   EXPECT_FALSE(torch::equal(big, half_round(big)));
 }
 
-TEST_F(Fp16EmulationTest, ToFp16OnCpuEmulatesSkipsAndLearns) {
+TEST_F(ReducedPrecisionEmulationTest, ToFp16OnCpuEmulatesSkipsAndLearns) {
   auto dls = data::DataLoaders::from_split({test::blobs(512, 3, 4, 31), test::blobs(256, 3, 4, 32)}, 32, 1);
   Learner learn(TwoLayer(), dls, cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
   // Start far too high: the scale must back off until gradients fit in half.
@@ -127,12 +127,12 @@ namespace {
 
 // ctest runs every test in its own process, so here nothing has used the
 // dispatcher mode yet: linking the library must not have registered it.
-TEST(Fp16EmulationRegistrationTest, TheDispatcherFallbackIsRegisteredOnlyWhenFirstNeeded) {
+TEST(ReducedPrecisionEmulationRegistrationTest, TheDispatcherFallbackIsRegisteredOnlyWhenFirstNeeded) {
   auto& dispatcher = c10::Dispatcher::singleton();
   const auto key = c10::DispatchKey::TESTING_ONLY_GenericMode;
   if (dispatcher.hasBackendFallbackForDispatchKey(key))
     GTEST_SKIP() << "an earlier test in this process used the mode (run it alone, as ctest does)";
-  { amp::Fp16Emulation on; }
+  { amp::ReducedPrecisionEmulation on; }
   EXPECT_TRUE(dispatcher.hasBackendFallbackForDispatchKey(key));
 }
 
@@ -142,12 +142,12 @@ namespace {
 
 // CUDA autocast registers only the functional overloads: mm.out runs as it is and
 // writes the caller's tensor.
-TEST(Fp16EmulationOverloadTest, OutOverloadsWriteTheCallersTensorUnrounded) {
+TEST(ReducedPrecisionEmulationOverloadTest, OutOverloadsWriteTheCallersTensorUnrounded) {
   torch::manual_seed(3);
   const torch::Tensor a = torch::randn({3, 4}), b = torch::randn({4, 5});
   torch::Tensor out = torch::full({3, 5}, -7.0);
   {
-    amp::Fp16Emulation on;
+    amp::ReducedPrecisionEmulation on;
     torch::mm_out(out, a, b);
   }
   EXPECT_TRUE(torch::equal(out, torch::mm(a, b)));
@@ -155,13 +155,13 @@ TEST(Fp16EmulationOverloadTest, OutOverloadsWriteTheCallersTensorUnrounded) {
 
 // Autocast runs cdist / tensordot in fp32 (or the widest input type) and excludes
 // itself for their inner calls, so their inner matmul is not rounded to half.
-TEST(Fp16EmulationOverloadTest, Fp32AndPromoteListOpsRunTheirInnerCallsUnrounded) {
+TEST(ReducedPrecisionEmulationOverloadTest, Fp32AndPromoteListOpsRunTheirInnerCallsUnrounded) {
   torch::manual_seed(4);
   const torch::Tensor a = torch::randn({30, 8}), b = torch::randn({40, 8});  // > 25 rows: cdist uses a matmul
   const torch::Tensor x = torch::randn({6, 7}), y = torch::randn({7, 3});
   torch::Tensor d, t;
   {
-    amp::Fp16Emulation on;
+    amp::ReducedPrecisionEmulation on;
     d = torch::cdist(a, b);
     t = torch::tensordot(x, y, {1}, {0});
   }
@@ -173,7 +173,7 @@ TEST(Fp16EmulationOverloadTest, Fp32AndPromoteListOpsRunTheirInnerCallsUnrounded
 
 namespace {
 
-// ---- The op-by-op rules (fp16_emulation.h), against references written by hand.
+// ---- The op-by-op rules (reduced_precision_emulation.h), against references written by hand.
 
 using torch::indexing::Slice;
 namespace F = torch::nn::functional;
@@ -186,7 +186,7 @@ TEST_F(FaithfulEmulationTest, AChainOfOpsRoundsWhereAGpuHasHalfTensors) {
   torch::Tensor h, r, s, a, p, q;
   {
     torch::NoGradGuard no_grad;
-    Fp16Emulation on;
+    ReducedPrecisionEmulation on;
     h = lin->forward(x);   // fp16 list
     r = torch::relu(h);    // fp16 in, fp16 out
     s = r * 3.7;           // a Python scalar keeps fp16
@@ -215,7 +215,7 @@ TEST_F(FaithfulEmulationTest, LayerNormAfterAnFp16LinearAndACatWithFp32StayFp32)
   torch::Tensor h, n, c, c16;
   {
     torch::NoGradGuard no_grad;
-    Fp16Emulation on;
+    ReducedPrecisionEmulation on;
     h = lin->forward(x);
     n = ln->forward(h);
     c = torch::cat({h, f}, 1);
@@ -236,7 +236,7 @@ TEST_F(FaithfulEmulationTest, AnElementwiseChainsGradientIsRoundedAfterEachFp16O
   const torch::Tensor cst = torch::randn({6, 5}) * 1e-3;
   torch::Tensor h, y, z, w, v;
   {
-    Fp16Emulation on;
+    ReducedPrecisionEmulation on;
     h = x.to(torch::kHalf);  // under emulation: fp32 storage holding an fp16 result
     y = h * 1.7;
     z = torch::relu(y);
@@ -309,8 +309,8 @@ TEST_F(FaithfulEmulationTest, Bf16EmulationRoundsThroughBfloat16AndIsUsedWithout
   torch::Tensor h, s;
   {
     torch::NoGradGuard no_grad;
-    Fp16Emulation on(torch::kBFloat16);
-    EXPECT_EQ(Fp16Emulation::dtype(), torch::kBFloat16);
+    ReducedPrecisionEmulation on(torch::kBFloat16);
+    EXPECT_EQ(ReducedPrecisionEmulation::dtype(), torch::kBFloat16);
     h = lin->forward(x);
     s = h * 1.1;
   }

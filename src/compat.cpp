@@ -1,5 +1,5 @@
 // The compat seam: every difference between libtorch 1.13 and 2.x lives here.
-#include "mixtrain/amp/autocast.h"
+#include "mixtrain/compat.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/Context.h>
@@ -23,9 +23,7 @@
 #define MIXTRAIN_AUTOCAST_DEVICE_API 0
 #endif
 
-namespace mixtrain::amp {
-
-namespace compat {
+namespace mixtrain::compat {
 
 namespace {
 void check_device(c10::DeviceType device) {
@@ -118,22 +116,4 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 #endif
 }
 
-} // namespace compat
-
-autocast::autocast(c10::DeviceType device, c10::ScalarType dtype, bool enabled, bool cache_enabled)
-    : device_(device), prev_enabled_(compat::is_autocast_enabled(device)),
-      prev_dtype_(compat::get_autocast_dtype(device)), prev_cache_enabled_(compat::is_autocast_cache_enabled()) {
-  compat::set_autocast_enabled(device, enabled);
-  compat::set_autocast_dtype(device, dtype);
-  compat::set_autocast_cache_enabled(cache_enabled);
-  compat::increment_nesting();
-}
-
-autocast::~autocast() {
-  if (compat::decrement_nesting() == 0) compat::clear_autocast_cache();
-  compat::set_autocast_enabled(device_, prev_enabled_);
-  compat::set_autocast_dtype(device_, prev_dtype_);
-  compat::set_autocast_cache_enabled(prev_cache_enabled_);
-}
-
-} // namespace mixtrain::amp
+} // namespace mixtrain::compat

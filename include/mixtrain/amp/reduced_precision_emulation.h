@@ -1,7 +1,7 @@
 #pragma once
 /// fp16 (and bf16) numerics on machines without them: emulation, not a silent no-op.
 ///
-/// While an `Fp16Emulation` guard is alive, the thread's ops compute what CUDA
+/// While a `ReducedPrecisionEmulation` guard is alive, the thread's ops compute what CUDA
 /// autocast computes, rounded where a GPU rounds: values are stored in fp32,
 /// and the emulation knows which tensors hold fp16 results.
 /// - ops on autocast's fp16 list (conv*, linear, matmul, addmm, bmm, baddbmm,
@@ -52,12 +52,12 @@
 namespace mixtrain::amp {
 
 /// RAII: emulation of `dtype` (Half or BFloat16) on for the current thread while alive. Nestable.
-class Fp16Emulation {
+class ReducedPrecisionEmulation {
  public:
-  explicit Fp16Emulation(c10::ScalarType dtype = c10::ScalarType::Half);
-  ~Fp16Emulation();
-  Fp16Emulation(const Fp16Emulation&) = delete;
-  Fp16Emulation& operator=(const Fp16Emulation&) = delete;
+  explicit ReducedPrecisionEmulation(c10::ScalarType dtype = c10::ScalarType::Half);
+  ~ReducedPrecisionEmulation();
+  ReducedPrecisionEmulation(const ReducedPrecisionEmulation&) = delete;
+  ReducedPrecisionEmulation& operator=(const ReducedPrecisionEmulation&) = delete;
   /// Whether emulation is on for the current thread.
   static bool is_enabled();
   /// The dtype emulated on this thread (Undefined when off).

@@ -1,10 +1,10 @@
 #pragma once
-// Private: numbers as the diagnostics print them, in findings, fixes and chart labels.
+// Private: numbers as mixtrain prints them in findings, fixes and chart labels.
 
 #include <sstream>
 #include <string>
 
-namespace mixtrain::diagnose::detail {
+namespace mixtrain::detail {
 
 /// `v` with at most `digits` significant digits ("3.142", "6.554e+04"): enough
 /// to read a magnitude, short enough for a one-line finding or an axis label.
@@ -15,4 +15,8 @@ inline std::string short_number(double v, int digits = 4) {
   return s.str();
 }
 
+} // namespace mixtrain::detail
+
+namespace mixtrain::diagnose::detail {
+using mixtrain::detail::short_number;
 } // namespace mixtrain::diagnose::detail

@@ -1,7 +1,7 @@
 // fp16/bf16 emulation: the rounding kernels, the autograd-aware round trip,
 // which tensors hold reduced-precision results, and the guard. The per-op rules
 // live in dispatch_mode.cpp, where the dispatcher hands us each op.
-#include "mixtrain/amp/fp16_emulation.h"
+#include "mixtrain/amp/reduced_precision_emulation.h"
 
 #include "dispatch_mode.h"
 
@@ -163,10 +163,10 @@ torch::Tensor round_through_half(const torch::Tensor& x) { return round_through(
 
 bool holds_reduced_result(const torch::Tensor& t) { return detail::is_marked(t); }
 
-struct Fp16Emulation::Impl {
+struct ReducedPrecisionEmulation::Impl {
   explicit Impl(c10::ScalarType dtype) : previous(emulated) {
     TORCH_CHECK(dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16,
-                "Fp16Emulation: dtype must be Half or BFloat16, got ", dtype);
+                "ReducedPrecisionEmulation: dtype must be Half or BFloat16, got ", dtype);
     emulated = dtype;
     ++guards;
   }
@@ -175,13 +175,13 @@ struct Fp16Emulation::Impl {
     if (--guards == 0) marks.clear();  // the pass is over: its tensors are plain fp32 to later code
   }
   c10::ScalarType previous;
-  detail::DispatchModeGuard on{detail::Mode::kFp16Emulation};
+  detail::DispatchModeGuard on{detail::Mode::kReducedPrecisionEmulation};
 };
 
-Fp16Emulation::Fp16Emulation(c10::ScalarType dtype) : impl_(std::make_unique<Impl>(dtype)) {}
-Fp16Emulation::~Fp16Emulation() = default;
+ReducedPrecisionEmulation::ReducedPrecisionEmulation(c10::ScalarType dtype) : impl_(std::make_unique<Impl>(dtype)) {}
+ReducedPrecisionEmulation::~ReducedPrecisionEmulation() = default;
 
-bool Fp16Emulation::is_enabled() { return detail::mode_active(detail::Mode::kFp16Emulation); }
-c10::ScalarType Fp16Emulation::dtype() { return is_enabled() ? emulated : c10::ScalarType::Undefined; }
+bool ReducedPrecisionEmulation::is_enabled() { return detail::mode_active(detail::Mode::kReducedPrecisionEmulation); }
+c10::ScalarType ReducedPrecisionEmulation::dtype() { return is_enabled() ? emulated : c10::ScalarType::Undefined; }
 
 } // namespace mixtrain::amp

@@ -1,4 +1,4 @@
-#include "mixtrain/diagnose/svg_plot.h"
+#include "mixtrain/svg_plot.h"
 
 #include "short_number.h"
 
@@ -7,7 +7,7 @@
 #include <limits>
 #include <sstream>
 
-namespace mixtrain::diagnose {
+namespace mixtrain {
 
 namespace {
 
@@ -184,4 +184,4 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
   return svg.str();
 }
 
-} // namespace mixtrain::diagnose
+} // namespace mixtrain

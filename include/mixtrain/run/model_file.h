@@ -12,7 +12,7 @@ namespace mixtrain {
 /// Writes `model` to `path` atomically, with fp32 weights whatever precision
 /// trained it. A model loaded from TorchScript is written as TorchScript
 /// (Python's torch.jit.load reads it); a built-in model as a libtorch archive of
-/// its parameters and buffers that records `builtin_name` (models::by_name),
+/// its parameters and buffers that records `builtin_name` (run/model_registry.h),
 /// so load_model can rebuild it. Throws c10::Error for a native model without a
 /// built-in name (save it with torch::save into your own module instead).
 void save_model(const Model& model, const std::string& path, const std::string& builtin_name = "");

@@ -1,0 +1,55 @@
+#pragma once
+/// The three things a run can be asked to do, as library calls: train (with
+/// resume, checkpoints and data parallelism), lr_find, and the doctor. A front
+/// end (the mixtrain CLI, the Python package) fills a RunArgs from its user's
+/// words through the option table and calls one of these; it adds nothing else.
+
+#include "mixtrain/diagnose/diagnosis.h"
+#include "mixtrain/lr_find.h"
+#include "mixtrain/phrase.h"
+#include "mixtrain/run/options.h"
+
+#include <atomic>
+#include <string>
+
+namespace mixtrain::run {
+
+/// Asynchronous stop requests (a front end's Ctrl-C): the first request makes
+/// the run checkpoint after the current batch and end.
+struct StopFlags {
+  std::atomic<bool>* requested = nullptr;  ///< set by the front end
+  std::atomic<bool>* agreed = nullptr;     ///< data parallel: the request, agreed by every rank
+};
+
+/// How a training run ended.
+struct TrainResult {
+  enum class End {
+    kFinished,     ///< every epoch ran; model.pt and the charts are written
+    kInterrupted,  ///< stopped on request; a checkpoint to resume from was written (by rank 0)
+    kStopped,      ///< the loss became NaN/inf; `message` says where and the last good state's checkpoint
+  } end = End::kFinished;
+  std::string folder;      ///< the run folder
+  std::string checkpoint;  ///< kInterrupted: the checkpoint written
+  int world_size = 1;      ///< data-parallel ranks that trained it
+  Phrase message;          ///< kStopped: why
+};
+
+/// The configuration of the run in `folder`, for `--resume`: its args.json, with
+/// `threads` (>= 0) replacing the recorded thread count. Throws c10::Error naming
+/// the problem (no args.json, a damaged one, a run that finished).
+RunArgs resume_args(const std::string& folder, int threads = -1);
+
+/// Trains as args say (a new run, or a resume when args.resume is set), under
+/// torchrun-style environment variables one rank of a data-parallel job. Throws
+/// OptionError / c10::Error for bad options and data, before anything is written.
+TrainResult train(RunArgs args, const StopFlags& stop = {});
+
+/// fastai's learning-rate finder on the model and data args name; writes
+/// OUT/lr_find.svg and OUT/lr_find.csv and prints the suggestions.
+LrFindResult lr_find(RunArgs args);
+
+/// The fp32-vs-mixed comparison and its verdict; writes OUT/diagnosis.json and
+/// the charts, and prints the report with options named in `words`.
+diagnose::Diagnosis doctor(RunArgs args, const OptionWords& words = api_words());
+
+} // namespace mixtrain::run

@@ -1,0 +1,47 @@
+#pragma once
+/// RunFolder: the run-folder protocol, owned in one place. A run folder holds
+/// args.json (the configuration, so a resume needs nothing else), checkpoints and
+/// `latest`, metrics.csv / steps.csv / summary.json, `finished` once the run
+/// completed (so it is not resumed into a retrain), model.pt and the run charts.
+
+#include "mixtrain/learner.h"
+#include "mixtrain/run/run_config.h"
+
+#include <string>
+
+namespace mixtrain::run {
+
+class RunFolder {
+ public:
+  explicit RunFolder(std::string path) : path_(std::move(path)) {}
+  /// runs/<prefix><timestamp>-<pid>: unique for runs started in the same second.
+  static std::string default_path(const std::string& prefix);
+
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+  /// Creates the folder and proves it writable before anything trains; throws
+  /// OptionError("out") naming the problem.
+  void prepare() const;
+  /// Whether it holds checkpoints (a `latest` file or any checkpoint-*.pt).
+  bool holds_checkpoints() const;
+  /// The newest checkpoint, or "" when there is none.
+  std::string latest_checkpoint() const;
+  /// Whether the run finished its epochs (then there is nothing to resume).
+  bool finished() const;
+  void mark_finished(int64_t epochs) const;
+  /// A new run (force) in an old run's folder is not finished.
+  void clear_finished() const;
+
+  void write_config(const RunConfig& config) const { config.write(path_); }
+  RunConfig read_config() const { return RunConfig::read(path_); }
+  /// model.pt: TorchScript for a scripted model (torch.jit.load reads it), else the built-in's weights.
+  void write_model(const Model& model, const std::string& builtin_name) const;
+  /// loss.svg, lr.svg and, with a loss scale, scale.svg.
+  void write_charts(const Recorder& recorder) const;
+
+ private:
+  std::string path_;
+};
+
+} // namespace mixtrain::run

@@ -1,0 +1,288 @@
+#include "mixtrain/run/commands.h"
+
+#include "mixtrain/atomic_file.h"
+#include "mixtrain/callbacks/checkpointer.h"
+#include "mixtrain/callbacks/csv_logger.h"
+#include "mixtrain/callbacks/data_parallel.h"
+#include "mixtrain/callbacks/summary_writer.h"
+#include "mixtrain/callbacks/terminate_on_nan.h"
+#include "mixtrain/callbacks/tracker.h"
+#include "mixtrain/diagnose/compare.h"
+#include "mixtrain/diagnose/plots.h"
+#include "mixtrain/distributed.h"
+#include "mixtrain/option_error.h"
+#include "mixtrain/run/learner_builder.h"
+#include "mixtrain/run/model_registry.h"
+#include "mixtrain/run/run_folder.h"
+#include "mixtrain/testing.h"
+#include "mixtrain/threads.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+namespace mixtrain::run {
+
+namespace {
+
+/// "mixtrain train", or the launch line a data-parallel run is resumed with.
+std::string train_command(int ranks) {
+  return ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train");
+}
+
+/// A monitored value the Learner does not have is an error before training starts.
+void check_monitor(Learner& learn, const std::string& monitor) {
+  const auto choices = callbacks::monitorable_values(learn.recorder());
+  if (std::find(choices.begin(), choices.end(), monitor) != choices.end()) return;
+  throw OptionError("monitor", "unknown " + Phrase::name("monitor") + " '" + monitor +
+                                   "' (choices: " + callbacks::monitorable_list(learn.recorder()) + ")");
+}
+
+/// The new run's folder: refuses one that holds another run's checkpoints (unless
+/// forced), then creates it and records the configuration.
+void start_folder(RunArgs& a, int world_size) {
+  if (a.out.empty()) a.out = RunFolder::default_path("");
+  const RunFolder folder(a.out);
+  if (folder.holds_checkpoints() && !a.force)
+    throw OptionError("force", Phrase::name("out") + " " + a.out +
+                                   (folder.finished() ? " holds a finished run"
+                                                      : " already holds checkpoints; continue it with " +
+                                                            Phrase::setting("resume", a.out)) +
+                                   ", or pass " + Phrase::name("force") + " to start over there");
+  folder.prepare();
+  folder.clear_finished();
+  RunConfig recorded = a.config;
+  recorded.ranks = world_size;
+  folder.write_config(recorded);
+}
+
+std::string metrics_line(Learner& learn) {
+  const auto& last = learn.recorder().values().back();
+  std::string metrics;
+  const auto names = learn.recorder().metric_names();
+  for (size_t i = 0; i < names.size() && i < last.metrics.size(); ++i) {
+    char value[64];
+    std::snprintf(value, sizeof(value), "valid %s %.4f, ", names[i].c_str(), last.metrics[i]);
+    metrics += value;
+  }
+  char loss[64];
+  std::snprintf(loss, sizeof(loss), "valid loss %.4f", last.valid_loss);
+  return metrics + loss;
+}
+
+} // namespace
+
+RunArgs resume_args(const std::string& folder_path, int threads) {
+  RunArgs a;
+  const RunFolder folder(folder_path);
+  try {
+    a.config = folder.read_config();
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "cannot resume ", folder_path, ": ", e.msg());
+  }
+  TORCH_CHECK(!folder.finished(), "cannot resume ", folder_path, ": the run finished its ", a.config.epochs,
+              " epoch(s); there is nothing to continue");
+  if (threads >= 0) a.config.threads = threads;
+  a.out = a.resume = folder_path;
+  return a;
+}
+
+TrainResult train(RunArgs a, const StopFlags& stop) {
+  validate(a, Command::kTrain);
+  const RunConfig& r = a.config;
+  const int threads = configure_threads(r.threads, thread_policy(r));
+  torch::manual_seed(r.seed);
+  // Under mixtrain launch, torchrun or any launcher exporting torchrun's variables:
+  // one rank of a data-parallel job. Only rank 0 writes files.
+  const distributed::Env env = distributed::env_from_environment();
+  const bool writer = env.rank == 0;
+
+  const auto split = load_split(r, env.world_size);  // data problems are reported before the run folder is created
+  std::string checkpoint;
+  if (!a.resume.empty()) {
+    if (r.ranks != env.world_size)
+      TORCH_CHECK(false, "cannot resume ", a.out, " with ", env.world_size, " rank(s): it was trained by ", r.ranks,
+                  "; resume with: ", train_command(r.ranks), " --resume ", a.out);
+    checkpoint = RunFolder(a.out).latest_checkpoint();
+    TORCH_CHECK(!checkpoint.empty(), "cannot resume ", a.out, ": it holds no checkpoint (no ", a.out, "/latest)");
+  } else if (writer) {
+    start_folder(a, env.world_size);
+  }
+  const RunFolder folder(a.out);
+
+  std::shared_ptr<distributed::ProcessGroup> group;
+  if (env.active())
+    group = distributed::ProcessGroup::connect(env, std::chrono::milliseconds(static_cast<int64_t>(a.timeout * 1000)));
+
+  const std::unique_ptr<Learner> learner = build_learner(r, split, writer);
+  Learner& learn = *learner;
+  std::shared_ptr<callbacks::DataParallel> data_parallel;
+  if (group) {
+    data_parallel = std::make_shared<callbacks::DataParallel>(
+        group, callbacks::DataParallelOptions()
+                   .comm_dtype(r.comm_dtype == "fp16" ? torch::kHalf : torch::kFloat)
+                   .stop_request(stop.requested)
+                   .stop_agreed(stop.agreed));
+    learn.add_cb(data_parallel);
+  }
+  learn.set_precision(r.precision, r.precision_options);
+  // Data-parallel ranks stop on the agreed request, at the same batch on every rank.
+  auto checkpointer = std::make_shared<callbacks::Checkpointer>(
+      callbacks::CheckpointerOptions(a.out).every(r.save_every).keep(r.keep).stop(group ? stop.agreed : stop.requested).write(writer));
+  learn.add_cb(checkpointer);
+  // Testing aids act on the last rank only: the others must learn of it through the group.
+  const bool last_rank = env.rank == env.world_size - 1;
+  if (a.interrupt_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<testing::RaiseSigintAt>(a.interrupt_at_step));
+  auto nan_stop = std::make_shared<callbacks::TerminateOnNaN>(r.max_bad_steps, checkpointer);
+  learn.add_cb(nan_stop);
+  if (r.save_best || r.early_stop >= 0) check_monitor(learn, r.monitor);
+  if (r.save_best) learn.add_cb(std::make_shared<callbacks::SaveModel>(r.monitor));
+  if (r.early_stop >= 0) learn.add_cb(std::make_shared<callbacks::EarlyStopping>(r.monitor, 0, r.early_stop));
+  if (!checkpoint.empty()) {
+    learn.load(checkpoint);
+    std::cout << "mixtrain train: resuming " << a.out << " from " << checkpoint << std::endl;
+  }
+  if (a.abort_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<testing::AbortAt>(a.abort_at_step));
+  if (a.inject_overflow_at_step >= 0 && last_rank)
+    learn.add_cb(std::make_shared<testing::InjectOverflow>(std::set<int64_t>{a.inject_overflow_at_step}));
+  if (writer) {
+    learn.add_cb(std::make_shared<callbacks::CSVLogger>(a.out));
+    learn.add_cb(std::make_shared<callbacks::SummaryWriter>(
+        callbacks::SummaryWriterOptions(folder.file("summary.json"))
+            .text({{"model", r.model}})
+            .integers({{"threads", threads},
+                       {"seed", static_cast<int64_t>(r.seed)},
+                       {"batch_size", r.bs},
+                       {"train_samples", split.train.size()}})
+            .numbers({{"lr", r.lr.last()}})));
+    std::cout << "mixtrain train: model " << r.model << ", " << split.train.size() << " train / " << split.valid.size()
+              << " valid samples, " << r.epochs << " epoch(s), lr " << r.lr.str() << ", bs " << r.bs << ", precision "
+              << precision_name(r.precision) << ", " << threads << " thread(s)"
+              << (group ? ", " + std::to_string(env.world_size) + " ranks (--bs per rank)" : std::string()) << std::endl;
+    if (!r.split_at.empty()) {
+      std::cout << "mixtrain train: " << learn.n_groups() << " parameter groups (split at " << r.split_at
+                << "), peak lr per group";
+      for (double lr : r.lr.for_groups(learn.n_groups())) std::cout << " " << lr;
+      if (learn.frozen_idx() > 0) std::cout << "; groups before " << learn.frozen_idx() << " frozen";
+      std::cout << std::endl;
+    }
+    if (is_sequence_classification(split, r))
+      std::cout << "mixtrain train: unigram baseline perplexity " << data::unigram_perplexity(split)
+                << " (a model that ignores context)" << std::endl;
+  }
+  learn.fit_one_cycle(r.epochs, r.lr);
+
+  TrainResult result;
+  result.folder = a.out;
+  result.world_size = env.world_size;
+  if (checkpointer->interrupted()) {
+    // Every rank stopped at the same batch; rank 0 wrote the checkpoint.
+    result.end = TrainResult::End::kInterrupted;
+    result.checkpoint = checkpointer->last_path();
+    return result;
+  }
+  if (nan_stop->triggered()) {
+    result.end = TrainResult::End::kStopped;
+    result.message = nan_stop->message();
+    return result;
+  }
+  if (group)  // lets a person (and the tests) see that every rank ended with the same weights
+    std::printf("rank %d: parameters and buffers crc32 %08x, skipped %lld, gradient all-reduce %.1f ms/step\n", env.rank,
+                learn.model().state_crc32(), static_cast<long long>(learn.recorder().skipped_steps()),
+                1000 * data_parallel->comm_seconds() / std::max<int64_t>(1, data_parallel->comm_steps()));
+  if (writer) {
+    // A finished run is not resumable into a retrain from an older checkpoint.
+    folder.mark_finished(r.epochs);
+    folder.write_model(learn.model(), r.model);
+    folder.write_charts(learn.recorder());
+    std::printf("%s; run written to %s (trained model: model.pt)\n", metrics_line(learn).c_str(), a.out.c_str());
+    std::fflush(stdout);
+  }
+  return result;
+}
+
+LrFindResult lr_find(RunArgs a) {
+  validate(a, Command::kLrFind);
+  const RunConfig& r = a.config;
+  const int threads = configure_threads(r.threads, thread_policy(r));
+  torch::manual_seed(r.seed);
+  const auto split = load_split(r, /*world_size=*/1);
+  if (a.out.empty()) a.out = RunFolder::default_path("lr_find-");
+  const RunFolder folder(a.out);
+  folder.prepare();
+  const auto learner = build_learner(r, split, /*progress=*/false);
+  learner->set_precision(r.precision, r.precision_options);
+  const LrFindOptions& o = a.lr_find;
+  const int64_t batches = learner->dls().train.num_batches();
+  std::cout << "mixtrain lr_find: model " << r.model << ", lr " << o.start_lr() << " to " << o.end_lr() << " over "
+            << o.num_it() << " steps, bs " << r.bs << ", precision " << precision_name(r.precision) << ", " << threads
+            << " thread(s)" << std::endl;
+  LrFindResult res = learner->lr_find(o);
+  if (res.epochs > 1)
+    std::cout << "the training set has " << batches << " batches per epoch: the sweep cycled through it " << res.epochs
+              << " times (as fastai does)" << std::endl;
+  int64_t skipped = 0;
+  for (bool s : res.skipped) skipped += s;
+  std::cout << res.lrs.size() << " steps" << (res.diverged ? " (stopped: the loss diverged)" : "")
+            << (skipped ? ", " + std::to_string(skipped) + " skipped by the loss scaler (marked in the chart)" : "")
+            << "\nsuggestions: " << res.summary() << std::endl;
+  write_file_atomically(folder.file("lr_find.svg"), res.svg());
+  write_file_atomically(folder.file("lr_find.csv"), res.csv());
+  std::cout << "written: " << folder.file("lr_find.svg") << " " << folder.file("lr_find.csv") << std::endl;
+  return res;
+}
+
+diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
+  validate(a, Command::kDoctor);
+  const RunConfig& r = a.config;
+  if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16)
+    throw OptionError("precision", "doctor compares fp32 with fp16 or bf16 autocast; pass " +
+                                       Phrase::setting("precision", "fp16") + " (default) or " +
+                                       Phrase::setting("precision", "bf16") + ", not " + precision_name(r.precision));
+  if (!r.lr.one_for_all())
+    throw OptionError("lr", "mixtrain doctor takes one " + Phrase::name("lr") + ", got " + r.lr.str() +
+                                " (it trains the model as one parameter group)");
+  const int threads = configure_threads(r.threads, thread_policy(r));
+  const auto split = load_split(r, /*world_size=*/1);
+  if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
+  const RunFolder folder(a.out);
+  folder.prepare();
+
+  int built = 0;
+  diagnose::LearnerFactory factory = [&]() {
+    std::cout << (built++ == 0 ? "doctor: 1/2 fp32 baseline"
+                               : "doctor: 2/2 " + precision_name(r.precision) + " run, same seed, weights and data order")
+              << std::endl;
+    return build_learner(r, split, /*progress=*/true);
+  };
+  std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train samples, " << r.epochs
+            << " epoch(s), lr " << r.lr.last() << ", bs " << r.bs << ", fp32 vs " << precision_name(r.precision) << ", "
+            << threads << " thread(s)" << std::endl;
+  const auto d = diagnose::compare(factory, diagnose::CompareOptions()
+                                                .epochs(r.epochs)
+                                                .lr(r.lr.last())
+                                                .precision(r.precision)
+                                                .scaler(r.precision_options.scaler())
+                                                .allow_fp16_emulation(r.precision_options.allow_fp16_emulation())
+                                                .seed(r.seed));
+
+  write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
+  std::vector<std::string> written{folder.file("diagnosis.json")};
+  if (d.evidence.fp32 || d.evidence.mixed) {
+    write_file_atomically(folder.file("loss.svg"), diagnose::loss_curves_svg(d.evidence));
+    written.push_back(folder.file("loss.svg"));
+  }
+  if (d.evidence.mixed && d.evidence.mixed->scale.has_scale) {
+    write_file_atomically(folder.file("scale.svg"), diagnose::scale_history_svg(*d.evidence.mixed));
+    written.push_back(folder.file("scale.svg"));
+  }
+  std::cout << "\n" << d.report(words) << "written:";
+  for (const auto& w : written) std::cout << " " << w;
+  std::cout << std::endl;
+  return d;
+}
+
+} // namespace mixtrain::run

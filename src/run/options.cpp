@@ -1,0 +1,552 @@
+#include "mixtrain/run/options.h"
+
+#include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/atomic_file.h"
+#include "mixtrain/data.h"
+#include "mixtrain/option_error.h"
+#include "mixtrain/run/model_registry.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+namespace mixtrain::run {
+
+namespace {
+
+constexpr unsigned kT = static_cast<unsigned>(Command::kTrain);
+constexpr unsigned kD = static_cast<unsigned>(Command::kDoctor);
+constexpr unsigned kL = static_cast<unsigned>(Command::kLrFind);
+
+// ---- Text <-> values: the one form the CLI, args.json and Python share --------
+
+int64_t parse_int(const std::string& key, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
+    throw OptionError(key, "'" + text + "'", "must be an integer");
+  return v;
+}
+
+double parse_double(const std::string& key, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) throw OptionError(key, "'" + text + "'", "must be a number");
+  return v;
+}
+
+bool parse_bool(const std::string& key, const std::string& text) {
+  if (text == "true") return true;
+  if (text == "false") return false;
+  throw OptionError(key, "'" + text + "'", "must be true or false");
+}
+
+std::string show_bool(bool v) { return v ? "true" : "false"; }
+
+/// Builds one table row; the chained calls read like the row they describe.
+struct Def {
+  Option o;
+  Def(std::string key, std::string flag, ValueType type, unsigned commands, std::string help) {
+    o.key = std::move(key);
+    o.flag = std::move(flag);
+    o.type = type;
+    o.commands = commands;
+    o.help = std::move(help);
+  }
+  Def& stored() { return o.stored = true, *this; }
+  Def& added_later() { return o.stored = o.added_later = true, *this; }
+  Def& hidden() { return o.hidden = true, *this; }
+  Def& no_default() { return o.show_default = false, *this; }
+  Def& in(Command c, std::string help) { return o.help_for.emplace_back(c, std::move(help)), *this; }
+  Def& modes(std::vector<Precision> m, std::string note = "") {
+    o.modes = std::move(m);
+    o.modes_note = std::move(note);
+    return *this;
+  }
+  Def& access(std::function<std::string(const RunArgs&)> get, std::function<void(RunArgs&, const std::string&)> set) {
+    o.get = std::move(get);
+    o.set = std::move(set);
+    return *this;
+  }
+  /// A field reached through `at` (a member of RunArgs or of its config).
+  template <typename T, typename At>
+  Def& field(At at) {
+    const std::string key = o.key;
+    if constexpr (std::is_same_v<T, std::string>) {
+      return access([at](const RunArgs& a) { return at(const_cast<RunArgs&>(a)); },
+                    [at](RunArgs& a, const std::string& t) { at(a) = t; });
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return access([at](const RunArgs& a) { return show_bool(at(const_cast<RunArgs&>(a))); },
+                    [at, key](RunArgs& a, const std::string& t) { at(a) = parse_bool(key, t); });
+    } else if constexpr (std::is_floating_point_v<T>) {
+      return access([at](const RunArgs& a) { return format_number(at(const_cast<RunArgs&>(a))); },
+                    [at, key](RunArgs& a, const std::string& t) { at(a) = parse_double(key, t); });
+    } else {
+      return access([at](const RunArgs& a) { return std::to_string(at(const_cast<RunArgs&>(a))); },
+                    [at, key](RunArgs& a, const std::string& t) {
+                      const int64_t v = parse_int(key, t);
+                      if constexpr (std::is_unsigned_v<T>) {
+                        if (v < 0) throw OptionError(key, t, "must be >= 0");
+                      }
+                      if constexpr (sizeof(T) < sizeof(int64_t)) {
+                        if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+                            v > static_cast<int64_t>(std::numeric_limits<T>::max()))
+                          throw OptionError(key, t, "is out of range");
+                      }
+                      at(a) = static_cast<T>(v);
+                    });
+    }
+  }
+  operator Option() const { return o; }  // NOLINT
+};
+
+#define MIXTRAIN_CONFIG(member) [](RunArgs& a) -> auto& { return a.config.member; }
+#define MIXTRAIN_ARGS(member) [](RunArgs& a) -> auto& { return a.member; }
+
+std::vector<Option> make_table() {
+  using P = Precision;
+  const std::vector<Precision> kScaler{P::kFp16};
+  const std::vector<Precision> kMaster{P::kFp16Master, P::kBf16Master};
+  const std::string models = builtin_model_list();
+  std::string model_help = "Model: a TorchScript file (torch.jit.script(model).save(PATH)), or built-in";
+  for (const auto& m : builtin_models()) model_help += " " + m.name + " (" + m.description + "),";
+  model_help.back() = ' ';
+  model_help.pop_back();
+  std::vector<Option> t;
+  auto add = [&t](Def d) { t.push_back(d); };
+
+  add(Def("data", "--data", ValueType::kText, kT | kD | kL,
+          "Fashion-MNIST's directory (four idx .gz files), or a .pt file written by Python's torch.save with 'x' (a "
+          "tensor or a list of tensors), 'y' and optionally 'valid_x', 'valid_y'; for a text model (transformer) a text "
+          "file or directory (default: the model's own data: Fashion-MNIST in " + std::string(data::kFashionMnistDir) +
+              ", the transformer's corpus in " + data::kFortunesDir + ")")
+          .stored().no_default().field<std::string>(MIXTRAIN_CONFIG(data)));
+  add(Def("model", "--model", ValueType::kText, kT | kD | kL, model_help).stored().field<std::string>(MIXTRAIN_CONFIG(model)));
+  add(Def("loss", "--loss", ValueType::kText, kT | kD | kL,
+          "Loss: cross_entropy (classes; also [N, T, C] sequences), mse, bce_with_logits")
+          .added_later().field<std::string>(MIXTRAIN_CONFIG(loss)));
+  add(Def("epochs", "--epochs", ValueType::kInt, kT | kD, "Epochs to train (>= 1)")
+          .in(Command::kDoctor, "Epochs each of the two runs trains (>= 1)")
+          .stored().field<int64_t>(MIXTRAIN_CONFIG(epochs)));
+  add(Def("lr", "--lr", ValueType::kLrs, kT | kD,
+          "Peak learning rate of the one-cycle schedule (> 0); with --split-at one per parameter group (1e-4,1e-3) or "
+          "fastai's slice: LO:HI spreads them geometrically, :HI gives HI/10 to all but the last group")
+          .in(Command::kDoctor, "Peak learning rate of the one-cycle schedule (> 0), the same for both runs")
+          .stored()
+          .access([](const RunArgs& a) { return a.config.lr.str(); },
+                  [](RunArgs& a, const std::string& t) { a.config.lr = Lrs::parse(t); }));
+  add(Def("bs", "--bs", ValueType::kInt, kT | kD | kL, "Batch size (>= 1)").stored().field<int64_t>(MIXTRAIN_CONFIG(bs)));
+  add(Def("seed", "--seed", ValueType::kInt, kT | kD | kL,
+          "Seed for weights and data order (0 to 2^63-1); same seed + threads = same result")
+          .stored()
+          .access([](const RunArgs& a) { return std::to_string(a.config.seed); },
+                  [](RunArgs& a, const std::string& t) {
+                    // Any uint64 reads back (args.json keeps the seed digit for digit); the help's range is torch's.
+                    if (!t.empty() && t[0] == '-') throw OptionError("seed", t, "must be >= 0");
+                    errno = 0;
+                    char* end = nullptr;
+                    const unsigned long long v = std::strtoull(t.c_str(), &end, 10);
+                    if (t.empty() || end != t.c_str() + t.size() || errno == ERANGE)
+                      throw OptionError("seed", "'" + t + "'", "must be an integer");
+                    a.config.seed = v;
+                  }));
+  add(Def("limit", "--limit", ValueType::kInt, kT | kD | kL,
+          "Train on the first N training samples only (>= 1; default: all)")
+          .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(limit)));
+  add(Def("threads", "--threads", ValueType::kInt, kT | kD | kL,
+          "Threads in all (>= 1; default 0 = all cores), placed as --thread-policy says")
+          .stored().field<int>(MIXTRAIN_CONFIG(threads)));
+  add(Def("thread_policy", "--thread-policy", ValueType::kText, kT | kD | kL,
+          "Where the threads go: intra_op (libtorch's OpenMP pool, OpenBLAS at 1: conv nets), blas (OpenBLAS, "
+          "libtorch at 1: models dominated by large matrix products), auto (the built-in model's choice; intra_op "
+          "for TorchScript models)")
+          .added_later().field<std::string>(MIXTRAIN_CONFIG(thread_policy)));
+  add(Def("precision", "--precision", ValueType::kText, kT | kD | kL,
+          "Training precision: fp32, fp16 (autocast + dynamic loss scaling; emulated on CPU), bf16 (autocast, no "
+          "scaler), bf16-master / fp16-master (model stored in bf16/fp16, fp32 master weights, norm layers fp32)")
+          .in(Command::kDoctor, "The precision compared with fp32: fp16 (default) or bf16")
+          .in(Command::kLrFind, "Precision of the sweep: fp32 (default), fp16, bf16, bf16-master")
+          .stored()
+          .access([](const RunArgs& a) { return precision_name(a.config.precision); },
+                  [](RunArgs& a, const std::string& t) { a.config.precision = parse_precision(t); }));
+  const std::string scaler_note = "it sets fp16's GradScaler";
+  add(Def("init_scale", "--init-scale", ValueType::kNumber, kT | kD | kL, "fp16: initial loss scale (default 65536)")
+          .stored().no_default().modes(kScaler, scaler_note)
+          .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.scaler().init_scale(); }));
+  add(Def("growth_factor", "--growth-factor", ValueType::kNumber, kT | kD | kL,
+          "fp16: scale multiplier after growth-interval clean steps (default 2)")
+          .stored().no_default().modes(kScaler, scaler_note)
+          .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.scaler().growth_factor(); }));
+  add(Def("backoff_factor", "--backoff-factor", ValueType::kNumber, kT | kD | kL,
+          "fp16: scale multiplier on overflow (default 0.5)")
+          .stored().no_default().modes(kScaler, scaler_note)
+          .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.scaler().backoff_factor(); }));
+  add(Def("growth_interval", "--growth-interval", ValueType::kInt, kT | kD | kL,
+          "fp16: clean steps before the scale grows (default 2000)")
+          .stored().no_default().modes(kScaler, scaler_note)
+          .field<int64_t>([](RunArgs& a) -> int64_t& { return a.config.precision_options.scaler().growth_interval(); }));
+  add(Def("no_emulation", "--no-emulation", ValueType::kSwitch, kT | kD | kL,
+          "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)")
+          .stored().no_default().modes(kScaler)
+          .access([](const RunArgs& a) { return show_bool(!a.config.precision_options.allow_fp16_emulation()); },
+                  [](RunArgs& a, const std::string& t) {
+                    a.config.precision_options.allow_fp16_emulation(!parse_bool("no_emulation", t));
+                  }));
+  const std::string master_note = "it sets fp16-master/bf16-master";
+  add(Def("loss_scale", "--loss-scale", ValueType::kNumber, kT | kL,
+          "fp16-master/bf16-master: a static loss scale X (default: dynamic from 65536)")
+          .stored().no_default().modes(kMaster, master_note)
+          .access([](const RunArgs& a) { return format_number(const_cast<RunArgs&>(a).config.precision_options.master().loss_scale()); },
+                  [](RunArgs& a, const std::string& t) {
+                    const double v = parse_double("loss_scale", t);
+                    auto& m = a.config.precision_options.master();
+                    m.loss_scale(v);
+                    if (v > 0) m.dynamic(false);  // a given scale is static; args.json's "dynamic" follows and says so too
+                  }));
+  add(Def("dynamic", "", ValueType::kSwitch, 0, "fp16-master/bf16-master: dynamic loss scaling")
+          .stored().field<bool>([](RunArgs& a) -> bool& { return a.config.precision_options.master().dynamic(); }));
+  add(Def("max_noskip", "--max-noskip", ValueType::kInt, kT | kL,
+          "fp16-master/bf16-master: clean steps before the scale doubles (default 1000)")
+          .stored().no_default().modes(kMaster, master_note)
+          .field<int64_t>([](RunArgs& a) -> int64_t& { return a.config.precision_options.master().max_noskip(); }));
+  add(Def("max_scale", "--max-scale", ValueType::kNumber, kT | kL,
+          "fp16-master/bf16-master: the scale never grows past X (default 16777216)")
+          .stored().no_default().modes(kMaster, master_note)
+          .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.master().max_scale(); }));
+  add(Def("flat_master", "--flat-master", ValueType::kSwitch, kT | kL,
+          "fp16-master/bf16-master: one contiguous fp32 master buffer per param group")
+          .stored().no_default().modes(kMaster, master_note)
+          .field<bool>([](RunArgs& a) -> bool& { return a.config.precision_options.master().flat_master(); }));
+  add(Def("clip", "--clip", ValueType::kNumber, kT | kD | kL, "Clip the global gradient norm to X (after unscaling; default: off)")
+          .stored().no_default().field<double>(MIXTRAIN_CONFIG(clip)));
+  add(Def("accum", "--accum", ValueType::kInt, kT | kD | kL, "Accumulate gradients over N batches per optimizer step")
+          .stored().field<int64_t>(MIXTRAIN_CONFIG(accum)));
+  add(Def("wd_bn_bias", "--wd-bn-bias", ValueType::kSwitch, kT | kD | kL,
+          "Apply weight decay to norm layers' parameters and biases too (fastai's wd_bn_bias; default: not)")
+          .added_later().no_default().field<bool>(MIXTRAIN_CONFIG(wd_bn_bias)));
+  add(Def("split_at", "--split-at", ValueType::kText, kT,
+          "Parameter groups: a new group starts at each named layer (comma-separated parameter-name prefixes in model "
+          "order, e.g. head or 4,8); each group gets its own --lr")
+          .added_later().no_default().field<std::string>(MIXTRAIN_CONFIG(split_at)));
+  add(Def("freeze_to", "--freeze-to", ValueType::kInt, kT,
+          "Train only parameter groups N and after (with --split-at; norm layers still train, as fastai)")
+          .added_later().field<int64_t>(MIXTRAIN_CONFIG(freeze_to)));
+  add(Def("save_best", "--save-best", ValueType::kSwitch, kT,
+          "Keep the model of the best epoch (by --monitor) and end the run with it (OUT/model.pt is the best)")
+          .added_later().no_default().field<bool>(MIXTRAIN_CONFIG(save_best)));
+  add(Def("early_stop", "--early-stop", ValueType::kInt, kT,
+          "Stop once PATIENCE epochs in a row brought no improvement in --monitor (fastai's EarlyStopping)")
+          .added_later().no_default().field<int64_t>(MIXTRAIN_CONFIG(early_stop)));
+  add(Def("monitor", "--monitor", ValueType::kText, kT,
+          "What --save-best and --early-stop follow: valid_loss, train_loss, or a metric (accuracy, perplexity)")
+          .added_later().field<std::string>(MIXTRAIN_CONFIG(monitor)));
+  add(Def("save_every", "--save-every", ValueType::kInt, kT,
+          "Save a checkpoint every N epochs and after the last (default 0: only on Ctrl-C)")
+          .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(save_every)));
+  add(Def("keep", "--keep", ValueType::kInt, kT, "Keep only the newest K checkpoints (default 0: all)")
+          .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(keep)));
+  add(Def("max_bad_steps", "--max-bad-steps", ValueType::kInt, kT,
+          "With loss scaling (fp16, *-master): stop after more than N consecutive NaN/inf losses (fp32/bf16 stop at "
+          "the first)")
+          .stored().field<int64_t>(MIXTRAIN_CONFIG(max_bad_steps)));
+  add(Def("comm_dtype", "--comm-dtype", ValueType::kText, kT,
+          "Data parallel (under mixtrain launch / torchrun): dtype gradients travel in, fp32 or fp16 (half the traffic)")
+          .stored().field<std::string>(MIXTRAIN_CONFIG(comm_dtype)));
+  add(Def("ranks", "", ValueType::kInt, 0, "Data-parallel ranks the run was trained by")
+          .added_later().field<int>(MIXTRAIN_CONFIG(ranks)));
+  add(Def("out", "--out", ValueType::kText, kT | kD | kL,
+          "Run directory for metrics.csv, steps.csv, summary.json, checkpoints, model.pt and the charts (default: "
+          "runs/<timestamp>)")
+          .in(Command::kDoctor, "Directory for diagnosis.json, loss.svg and scale.svg (default: runs/doctor-<timestamp>)")
+          .in(Command::kLrFind, "Directory for lr_find.svg and lr_find.csv (default: runs/lr_find-<timestamp>)")
+          .no_default().field<std::string>(MIXTRAIN_ARGS(out)));
+  add(Def("resume", "--resume", ValueType::kText, kT,
+          "Continue the run in OUT_DIR from its latest checkpoint, with the run's own flags (OUT_DIR/args.json)")
+          .no_default().field<std::string>(MIXTRAIN_ARGS(resume)));
+  add(Def("force", "--force", ValueType::kSwitch, kT, "Start a new run in an --out directory that already holds checkpoints")
+          .no_default().field<bool>(MIXTRAIN_ARGS(force)));
+  add(Def("timeout", "--timeout", ValueType::kNumber, kT,
+          "Data parallel: seconds to wait for the other ranks, at the rendezvous and in every collective")
+          .field<double>(MIXTRAIN_ARGS(timeout)));
+  add(Def("start_lr", "--start-lr", ValueType::kNumber, kL, "First learning rate of the sweep")
+          .field<double>([](RunArgs& a) -> double& { return a.lr_find.start_lr(); }));
+  add(Def("end_lr", "--end-lr", ValueType::kNumber, kL, "Last learning rate of the sweep")
+          .field<double>([](RunArgs& a) -> double& { return a.lr_find.end_lr(); }));
+  add(Def("num_it", "--num-it", ValueType::kInt, kL, "Steps of the sweep")
+          .field<int64_t>([](RunArgs& a) -> int64_t& { return a.lr_find.num_it(); }));
+  // Testing aids (mixtrain/testing.h), hidden from help.
+  add(Def("interrupt_at_step", "--interrupt-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(interrupt_at_step)));
+  add(Def("abort_at_step", "--abort-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(abort_at_step)));
+  add(Def("inject_overflow_at_step", "--inject-overflow-at-step", ValueType::kInt, kT, "")
+          .hidden().field<int64_t>(MIXTRAIN_ARGS(inject_overflow_at_step)));
+  return t;
+}
+
+#undef MIXTRAIN_CONFIG
+#undef MIXTRAIN_ARGS
+
+void at_least(const std::string& key, int64_t v, int64_t lo) {
+  check_option(v >= lo, key, v, "must be >= " + std::to_string(lo));
+}
+
+void one_of(const std::string& key, const std::string& v, const std::vector<std::string>& choices) {
+  if (std::find(choices.begin(), choices.end(), v) != choices.end()) return;
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  throw OptionError(key, "unknown " + Phrase::name(key) + " '" + v + "' (choices: " + list + ")");
+}
+
+} // namespace
+
+const char* command_name(Command command) {
+  switch (command) {
+    case Command::kTrain: return "train";
+    case Command::kDoctor: return "doctor";
+    case Command::kLrFind: return "lr_find";
+  }
+  return "?";
+}
+
+RunArgs defaults_for(Command command) {
+  RunArgs a;
+  if (command == Command::kDoctor) a.config.precision = Precision::kFp16;
+  return a;
+}
+
+bool Option::applies_to(Precision p) const { return modes.empty() || std::find(modes.begin(), modes.end(), p) != modes.end(); }
+
+const std::string& Option::help_in(Command command) const {
+  for (const auto& [c, text] : help_for)
+    if (c == command) return text;
+  return help;
+}
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> kTable = make_table();
+  return kTable;
+}
+
+const Option* find_option(const std::string& key) {
+  for (const auto& o : options())
+    if (o.key == key) return &o;
+  return nullptr;
+}
+
+const Option* find_flag(const std::string& flag) {
+  for (const auto& o : options())
+    if (!o.flag.empty() && o.flag == flag) return &o;
+  return nullptr;
+}
+
+std::string format_number(double v) {
+  char buf[40];
+  // From 6 digits (10, not 1e+01), up to the 17 that always read back exactly.
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v || std::isnan(v)) return buf;
+  }
+  return buf;
+}
+
+void validate(const RunArgs& args, Command command) {
+  namespace fs = std::filesystem;
+  const RunConfig& r = args.config;
+  const bool train = command == Command::kTrain;
+  if (train && r.split_at.empty() && r.freeze_to != 0)
+    throw OptionError("freeze_to", Phrase::setting("freeze_to", std::to_string(r.freeze_to)) +
+                                       " needs parameter groups: name where they start with " + Phrase::name("split_at"));
+  at_least("bs", r.bs, 1);
+  if (command != Command::kLrFind) at_least("epochs", r.epochs, 1);
+  check_option(r.limit == -1 || r.limit >= 1, "limit", r.limit, "must be >= 1");
+  at_least("threads", r.threads, 0);
+  one_of("thread_policy", r.thread_policy, {"auto", "intra_op", "blas"});
+  if (!find_builtin_model(r.model) && !fs::is_regular_file(r.model))
+    throw OptionError("model", "unknown " + Phrase::name("model") + " '" + r.model + "': not a built-in model (" +
+                                   builtin_model_list() + ") " + (fs::exists(r.model) ? "and not a file" : "and no such file"));
+  one_of("loss", r.loss, {"cross_entropy", "mse", "bce_with_logits"});
+  check_option(r.clip >= 0 && std::isfinite(r.clip), "clip", format_number(r.clip), "must be > 0");
+  at_least("accum", r.accum, 1);
+  if (train) {
+    at_least("save_every", r.save_every, 0);
+    at_least("keep", r.keep, 0);
+    at_least("max_bad_steps", r.max_bad_steps, 0);
+    check_option(r.early_stop >= -1, "early_stop", r.early_stop, "must be >= 0");
+    if (r.comm_dtype != "fp32" && r.comm_dtype != "fp16")
+      throw OptionError("comm_dtype", "invalid " + Phrase::name("comm_dtype") + " '" + r.comm_dtype + "' (choices: fp32, fp16)");
+    check_option(args.timeout > 0 && std::isfinite(args.timeout), "timeout", format_number(args.timeout), "must be > 0");
+  }
+  if (command == Command::kLrFind) {
+    const LrFindOptions& o = args.lr_find;
+    check_option(o.start_lr() > 0 && std::isfinite(o.start_lr()), "start_lr", format_number(o.start_lr()), "must be > 0");
+    check_option(o.end_lr() > o.start_lr() && std::isfinite(o.end_lr()), "end_lr", format_number(o.end_lr()),
+                 "must be above the start lr " + format_number(o.start_lr()));
+    check_option(o.num_it() >= 2, "num_it", o.num_it(), "must be >= 2");
+  }
+  // The library's own option checks (OptionError with the option's key).
+  validate_precision(r.precision, r.precision_options, torch::kCPU);
+  // Training on a CPU: fp16 there is emulated, or an error with no_emulation. For
+  // the doctor that is a verdict, not an error.
+  if (command != Command::kDoctor && (r.precision == Precision::kFp16 || r.precision == Precision::kBf16))
+    amp::check_precision_supported(compute_dtype(r.precision), torch::kCPU, r.precision_options.allow_fp16_emulation());
+  if (!r.data.empty() && !fs::exists(r.data))
+    throw OptionError("data", Phrase::name("data") + " " + r.data + " not found");
+}
+
+std::vector<Phrase> ignored_option_warnings(const RunArgs& args, const std::vector<std::string>& given, int cores) {
+  std::vector<Phrase> out;
+  const Precision p = args.config.precision;
+  for (const auto& key : given) {
+    const Option* o = find_option(key);
+    if (!o || o->applies_to(p)) continue;
+    out.push_back(Phrase::name(key) + " does nothing with " + Phrase::setting("precision", precision_name(p)) +
+                  (o->modes_note.empty() ? "" : " (" + o->modes_note + ")"));
+  }
+  if (cores > 0 && args.config.threads > cores)
+    out.push_back(Phrase::setting("threads", std::to_string(args.config.threads)) + " is more than this machine's " +
+                  std::to_string(cores) + " cores: threads will oversubscribe them");
+  return out;
+}
+
+const OptionWords& flag_words() {
+  static const OptionWords kWords{
+      [](const std::string& key) {
+        const Option* o = find_option(key);
+        return o && !o->flag.empty() ? o->flag : key;
+      },
+      [](const std::string& key, const std::string& value) {
+        const Option* o = find_option(key);
+        if (!o || o->flag.empty()) return key + " " + value;
+        if (o->type == ValueType::kSwitch) return value == "true" ? o->flag : "drop " + o->flag;
+        return o->flag + " " + value;
+      }};
+  return kWords;
+}
+
+const OptionWords& keyword_words() {
+  static const OptionWords kWords{[](const std::string& key) { return key; },
+                                  [](const std::string& key, const std::string& value) {
+                                    const Option* o = find_option(key);
+                                    const ValueType type = o ? o->type : ValueType::kText;
+                                    if (type == ValueType::kSwitch) return key + "=" + (value == "true" ? "True" : "False");
+                                    if (type == ValueType::kText) return key + "=\"" + value + "\"";
+                                    return key + "=" + value;
+                                  }};
+  return kWords;
+}
+
+// ---- args.json: the stored rows of the table ----------------------------------
+
+std::string RunConfig::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  RunArgs a;
+  a.config = *this;
+  for (const auto& o : options()) {
+    if (!o.stored) continue;
+    const std::string v = o.get(a);
+    switch (o.type) {
+      case ValueType::kSwitch: j[o.key] = v == "true"; break;
+      // The seed is a uint64: keep every digit.
+      case ValueType::kInt:
+        if (v[0] == '-') j[o.key] = std::stoll(v);
+        else j[o.key] = std::stoull(v);
+        break;
+      case ValueType::kNumber: j[o.key] = std::strtod(v.c_str(), nullptr); break;
+      case ValueType::kText: j[o.key] = v; break;
+      // One learning rate is a number (as args.json always had it); a list or slice is Lrs::parse's text.
+      case ValueType::kLrs:
+        if (lr.one_for_all()) j[o.key] = lr.last();
+        else j[o.key] = v;
+        break;
+    }
+  }
+  return j.dump(2) + "\n";
+}
+
+RunConfig RunConfig::from_json(const std::string& text) {
+  using nlohmann::json;
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "not valid JSON (", e.what(), ")");
+  }
+  TORCH_CHECK(j.is_object(), "not a JSON object");
+  for (const auto& item : j.items()) {
+    const Option* o = find_option(item.key());
+    TORCH_CHECK(o && o->stored, "unknown field '", item.key(), "' (written by a newer mixtrain, or edited by hand?)");
+  }
+  RunArgs a;
+  for (const auto& o : options()) {
+    if (!o.stored) continue;
+    if (!j.contains(o.key)) {
+      TORCH_CHECK(o.added_later, "field '", o.key, "' is missing");
+      continue;  // an older run folder: the default applies
+    }
+    const json& v = j.at(o.key);
+    std::string value;
+    bool typed = false;  // the JSON type fits the option's
+    const char* expected = "";
+    switch (o.type) {
+      case ValueType::kSwitch:
+        expected = "true or false";
+        if ((typed = v.is_boolean())) value = v.get<bool>() ? "true" : "false";
+        break;
+      case ValueType::kInt:
+        expected = "an integer";
+        if ((typed = v.is_number_integer())) value = v.is_number_unsigned() ? std::to_string(v.get<uint64_t>()) : std::to_string(v.get<int64_t>());
+        break;
+      case ValueType::kNumber:
+        expected = "a number";
+        if ((typed = v.is_number())) value = format_number(v.get<double>());
+        break;
+      case ValueType::kText:
+        expected = "a string";
+        if ((typed = v.is_string())) value = v.get<std::string>();
+        break;
+      case ValueType::kLrs:
+        expected = "a number or a list/slice as text";
+        typed = v.is_number() || v.is_string();
+        if (typed) value = v.is_number() ? format_number(v.get<double>()) : v.get<std::string>();
+        break;
+    }
+    TORCH_CHECK(typed, "field '", o.key,
+                "' has the wrong type (expected ", expected, ", got ", v.dump(), ")");
+    try {
+      o.set(a, value);
+    } catch (const OptionError& e) {
+      TORCH_CHECK(false, "field '", o.key, "': ", e.message(api_words()));
+    }
+  }
+  return a.config;
+}
+
+void RunConfig::write(const std::string& dir) const { write_file_atomically(dir + "/args.json", to_json()); }
+
+RunConfig RunConfig::read(const std::string& dir) {
+  const std::string path = dir + "/args.json";
+  std::ifstream f(path);
+  TORCH_CHECK(f, path, " not found (is ", dir, " a mixtrain run directory?)");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // Only a file that is not JSON is damaged; a JSON file with a bad field says which.
+  bool is_json = true;
+  try {
+    (void)nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    is_json = false;
+  }
+  try {
+    return from_json(text);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, path, is_json ? ": " : " is damaged: ", e.msg());
+  }
+}
+
+} // namespace mixtrain::run

@@ -1,0 +1,64 @@
+#include "mixtrain/run/run_folder.h"
+
+#include "mixtrain/atomic_file.h"
+#include "mixtrain/callbacks/checkpointer.h"
+#include "mixtrain/diagnose/plots.h"
+#include "mixtrain/option_error.h"
+#include "mixtrain/run/model_file.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+namespace mixtrain::run {
+
+namespace fs = std::filesystem;
+
+std::string RunFolder::default_path(const std::string& prefix) {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&t));
+  return "runs/" + prefix + buf + "-" + std::to_string(::getpid());
+}
+
+void RunFolder::prepare() const {
+  std::error_code ec;
+  fs::create_directories(path_, ec);
+  if (ec || !fs::is_directory(path_))
+    throw OptionError("out", "cannot create " + Phrase::name("out") + " directory " + path_ + ": " +
+                                 (ec ? ec.message() : "not a directory"));
+  const fs::path probe = fs::path(path_) / ".mixtrain-write-test";
+  {
+    std::ofstream f(probe);
+    if (!f || !(f << "ok") || !f.flush()) throw OptionError("out", Phrase::name("out") + " directory " + path_ + " is not writable");
+  }
+  fs::remove(probe, ec);
+}
+
+bool RunFolder::holds_checkpoints() const { return callbacks::Checkpointer::holds_checkpoints(path_); }
+
+std::string RunFolder::latest_checkpoint() const { return callbacks::Checkpointer::latest(path_); }
+
+bool RunFolder::finished() const { return static_cast<bool>(std::ifstream(file("finished"))); }
+
+void RunFolder::mark_finished(int64_t epochs) const {
+  write_file_atomically(file("finished"), "finished after " + std::to_string(epochs) + " epoch(s)\n");
+}
+
+void RunFolder::clear_finished() const { std::remove(file("finished").c_str()); }
+
+void RunFolder::write_model(const Model& model, const std::string& builtin_name) const {
+  save_model(model, file("model.pt"), builtin_name);
+}
+
+void RunFolder::write_charts(const Recorder& recorder) const {
+  write_file_atomically(file("loss.svg"), diagnose::plot_loss(recorder));
+  write_file_atomically(file("lr.svg"), diagnose::plot_sched(recorder));
+  const std::string scale = diagnose::plot_scale(recorder);
+  if (!scale.empty()) write_file_atomically(file("scale.svg"), scale);
+}
+
+} // namespace mixtrain::run

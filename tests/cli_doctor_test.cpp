@@ -1,0 +1,60 @@
+// mixtrain doctor as a user meets it: the verdict, diagnosis.json and the charts; bad flags.
+#include "cli_util.h"
+#include "test_util.h"
+
+// run_cli, expect_usage_error, slurp, read_json, model_tensors, fake_fashion_dir, ...
+using namespace mixtrain::test;
+
+namespace {
+
+using namespace mixtrain;
+
+// ---- mixtrain doctor ----------------------------------------------------------
+
+
+TEST(CliDoctorTest, HealthyDefaultCnnWritesReportJsonAndCharts) {
+  const std::string out = test::scratch_dir("doctor_healthy");
+  const CliResult r = run_cli("doctor --limit 1024 --bs 128 --threads 1 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("verdict: healthy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fixes: none needed"), std::string::npos) << r.out;
+  const auto j = read_json(out + "/diagnosis.json");
+  EXPECT_EQ(j.at("verdict"), "healthy");
+  EXPECT_EQ(j.at("evidence").at("fp32").at("steps"), 8);
+  EXPECT_EQ(j.at("evidence").at("mixed").at("precision"), "fp16");
+  EXPECT_TRUE(j.at("evidence").at("mixed").at("emulated").get<bool>());
+  EXPECT_TRUE(j.at("fixes").empty());
+  for (const char* svg : {"/loss.svg", "/scale.svg"}) {
+    const std::string s = slurp(out + svg);
+    EXPECT_EQ(s.rfind("<svg", 0), 0u) << svg;
+    EXPECT_NE(s.find("</svg>"), std::string::npos) << svg;
+  }
+}
+
+TEST(CliDoctorTest, ProblemsExitOneWithTheVerdict) {
+  // A loss scale of 1e-7: every scaled gradient flushes to zero in fp16.
+  const std::string out = test::scratch_dir("doctor_underflow");
+  CliResult r = run_cli("doctor --limit 1024 --bs 128 --threads 1 --init-scale 1e-7 --out " + out);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("verdict: underflow"), std::string::npos) << r.out;
+  auto j = read_json(out + "/diagnosis.json");
+  EXPECT_EQ(j.at("verdict"), "underflow");
+  EXPECT_NE(j.at("fixes").at(0).get<std::string>().find("raise the loss scale"), std::string::npos) << j.at("fixes");
+
+  // fp16 with emulation forbidden on CPU: unsupported is a verdict (exit 1), not a flag error.
+  const std::string out2 = test::scratch_dir("doctor_unsupported");
+  r = run_cli("doctor --no-emulation --threads 1 --out " + out2);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(read_json(out2 + "/diagnosis.json").at("verdict"), "unsupported");
+}
+
+TEST(CliDoctorTest, BadFlagsAreOneLineErrors) {
+  expect_usage_error("doctor --precision fp32", "doctor compares fp32 with fp16 or bf16");
+  expect_usage_error("doctor --resume runs/x", "--resume");  // not a doctor flag: not expected
+  expect_usage_error("doctor --lr 0", "invalid --lr");
+  expect_usage_error("doctor --limit 500 --threads 1",
+                     "too few training steps to judge: 1 (1 epoch(s) of 1 batches); the comparison needs at least 8");
+  expect_usage_error("doctor --data /nonexistent", "--data /nonexistent not found");
+}
+
+} // namespace
