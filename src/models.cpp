@@ -1,6 +1,7 @@
 #include "mixtrain/models.h"
 
 #include "mixtrain/compat.h"
+#include "mixtrain/module_scope.h"
 #include "mixtrain/scripted_model.h"
 
 #include <torch/nn.h>
@@ -68,7 +69,13 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t heads) {
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor h = x + attn(ln1(x));
+  // Scopes name the module boundaries that parameter-free ops run in (the attention scores).
+  torch::Tensor a;
+  {
+    const ModuleScope scope("attn");
+    a = attn(ln1(x));
+  }
+  const torch::Tensor h = x + a;
   return h + fc2(torch::gelu(fc1(ln2(h))));
 }
 
@@ -94,7 +101,10 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   TORCH_CHECK(t <= options_.context(), "The transformer's context is ", options_.context(), " tokens, got ", t);
   torch::Tensor x = tok(tokens) + pos(torch::arange(t, tokens.options().dtype(torch::kLong)));
-  for (const auto& block : *blocks) x = block->as<TransformerBlock>()->forward(x);
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    const ModuleScope scope("blocks." + std::to_string(i));
+    x = blocks[i]->as<TransformerBlock>()->forward(x);
+  }
   return head(ln_f(x));
 }
 

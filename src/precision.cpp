@@ -4,6 +4,7 @@
 // callback interface.
 #include "mixtrain/precision.h"
 
+#include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/master_weights.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/diagnose/fit_warning.h"
@@ -83,22 +84,33 @@ void validate_precision(Precision precision, const PrecisionOptions& options, co
 
 Learner& Learner::set_precision(Precision precision, const PrecisionOptions& options) {
   validate_precision(precision, options, device());
+  if (!options.keep_fp32().empty() && precision != Precision::kFp32) {
+    std::vector<std::string> paths;
+    for (const auto& item : model_.module().named_modules(/*name_prefix=*/"", /*include_self=*/false)) paths.push_back(item.key());
+    amp::check_islands(options.keep_fp32(), paths);
+  }
   to_fp32();
   switch (precision) {
     case Precision::kFp32:
       break;
-    case Precision::kFp16:
-      add_cb(std::make_shared<amp::MixedPrecision>(c10::ScalarType::Half, options.scaler(),
-                                                   options.allow_fp16_emulation()));
+    case Precision::kFp16: {
+      auto fp16 = std::make_shared<amp::MixedPrecision>(c10::ScalarType::Half, options.scaler(),
+                                                        options.allow_fp16_emulation());
+      fp16->keep_fp32(options.keep_fp32());
+      add_cb(fp16);
       add_cb(std::make_shared<diagnose::FitWarning>());
       break;
-    case Precision::kBf16:
-      add_cb(std::make_shared<amp::MixedPrecision>(c10::ScalarType::BFloat16));
+    }
+    case Precision::kBf16: {
+      auto bf16 = std::make_shared<amp::MixedPrecision>(c10::ScalarType::BFloat16);
+      bf16->keep_fp32(options.keep_fp32());
+      add_cb(bf16);
       break;
+    }
     case Precision::kFp16Master:
     case Precision::kBf16Master: {
       auto master = options.master();
-      master.dtype(compute_dtype(precision));
+      master.dtype(compute_dtype(precision)).keep_fp32(options.keep_fp32());
       add_cb(std::make_shared<amp::MasterWeights>(*this, master));
       break;
     }

@@ -3,12 +3,14 @@
 
 #include "first_line.h"
 #include "mixtrain/atomic_file.h"
+#include "mixtrain/module_scope.h"
 
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
 #include <filesystem>
 #include <mutex>
+#include <unordered_map>
 #include <sstream>
 
 namespace mixtrain {
@@ -26,7 +28,7 @@ std::string python_class_of(const torch::jit::Module& m) {
 }
 
 /// The root: owns the script and runs its forward.
-class ScriptedModel : public ScriptedSubmodule {
+class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolver {
  public:
   explicit ScriptedModel(torch::jit::Module script) : ScriptedSubmodule(script), script_(std::move(script)) {
     const auto& args = script_.get_method("forward").function().getSchema().arguments();
@@ -44,6 +46,12 @@ class ScriptedModel : public ScriptedSubmodule {
                                            : std::to_string(min_inputs_) + " to " + std::to_string(max_inputs_),
                 " input", max_inputs_ == 1 ? "" : "s", " (", names_, ") but the data has ", n);
     std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+    // While the script runs, module boundaries are its module calls (module_scope.h).
+    struct Resolving {
+      detail::ScriptPathResolver* previous;
+      explicit Resolving(detail::ScriptPathResolver* r) : previous(detail::set_script_path_resolver(r)) {}
+      ~Resolving() { detail::set_script_path_resolver(previous); }
+    } resolving(this);
     c10::IValue out = script_.forward(std::move(args));
     TORCH_CHECK(out.isTensor(), "The model's forward returned a ", out.tagKind(),
                 "; mixtrain trains models that return one tensor");
@@ -71,7 +79,41 @@ class ScriptedModel : public ScriptedSubmodule {
 
   const torch::jit::Module& script() const { return script_; }
 
+  /// The interpreter names a module call by its instance name, which for an
+  /// element of a ModuleList or ModuleDict (they have no forward of their own)
+  /// leaves the container out: "0(Block)" under "layers". Such a name is looked
+  /// for inside the container children whose element's class matches.
+  std::string resolve(const std::vector<std::pair<std::string, std::string>>& calls) override {
+    std::string key;
+    for (const auto& [name, cls] : calls) key += name + "(" + cls + ")/";
+    const auto hit = resolved_.find(key);
+    if (hit != resolved_.end()) return hit->second;
+    const torch::nn::Module* node = this;
+    std::string path;
+    for (const auto& [name, cls] : calls) {
+      std::shared_ptr<torch::nn::Module> next;
+      std::string step = name;
+      for (const auto& child : node->named_children())
+        if (child.key() == name) next = child.value();
+      if (!next)
+        for (const auto& container : node->named_children())
+          for (const auto& item : container.value()->named_children()) {
+            const auto* s = dynamic_cast<const ScriptedSubmodule*>(item.value().get());
+            const std::string& c = s ? s->python_class() : std::string();
+            if (item.key() == name && !next && (cls.empty() || c.size() >= cls.size() && c.compare(c.size() - cls.size(), cls.size(), cls) == 0)) {
+              next = item.value();
+              step = container.key() + "." + name;
+            }
+          }
+      if (!next) break;  // not a module of ours (a function's frame): the path so far
+      path += (path.empty() ? "" : ".") + step;
+      node = next.get();
+    }
+    return resolved_[key] = path;
+  }
+
  private:
+  std::unordered_map<std::string, std::string> resolved_;  // the interpreter's call chain -> Python path
   torch::jit::Module script_;
   std::string names_;
   int64_t min_inputs_ = 0, max_inputs_ = 0;

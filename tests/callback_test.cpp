@@ -288,7 +288,7 @@ TEST(ProgressNumberingTest, HelpListsLaunchAndDoctorOnlyItsOwnFlags) {
   ASSERT_EQ(std::system((std::string(MIXTRAIN_CLI_PATH) + " doctor --help >" + tmp + " 2>&1").c_str()), 0);
   std::ifstream g(tmp);
   const std::string doctor((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
-  for (const char* train_only : {"--resume", "--save-every", "--comm-dtype", "--keep", "--force", "--loss-scale"})
+  for (const char* train_only : {"--resume", "--save-every", "--comm-dtype", "--keep N", "--force", "--loss-scale"})
     EXPECT_EQ(doctor.find(train_only), std::string::npos) << train_only;
   EXPECT_NE(doctor.find("diagnosis.json, loss.svg and scale.svg"), std::string::npos);
 }

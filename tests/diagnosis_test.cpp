@@ -1,6 +1,8 @@
-// The verdict rules on synthetic evidence: their order, their thresholds, the
-// fixes in seed 000's order, and the JSON.
+// The verdict rules on synthetic evidence: their order, their thresholds, fixes
+// that follow the measurements, and the JSON.
 #include "test_util.h"
+
+#include <mixtrain/run/options.h>
 
 #include <mixtrain/diagnose/diagnosis.h>
 
@@ -51,6 +53,8 @@ TEST(DiagnosisTest, BrokenInFp32BeatsEveryFp16Finding) {
   Evidence e = healthy_pair();
   e.fp32->scale.nonfinite_losses = 3;
   e.fp32->scale.first_nonfinite_step = 7;
+  e.mixed->scale.nonfinite_losses = 3;  // NaN in the data: the mixed run does no better
+  e.mixed->scale.first_nonfinite_step = 7;
   e.trace_start = OverflowTrace{};
   e.trace_start->first_overflow = OpFinding{0, "aten::linear", "fc1", "", 1e5, 0, true};
   InputReport inputs;
@@ -62,10 +66,14 @@ TEST(DiagnosisTest, BrokenInFp32BeatsEveryFp16Finding) {
   EXPECT_TRUE(contains(d.findings, "input values are NaN or Inf"));
   EXPECT_TRUE(contains(d.findings, "the first at step 7"));
   EXPECT_TRUE(contains(d.fixes, "remove or impute the NaN/Inf"));
-  // A baseline that does not learn is broken too.
+  // A baseline that does not learn is broken too, when the mixed run does no better;
+  // a mixed run that learns where fp32 does not is not called broken_in_fp32.
   Evidence flat = healthy_pair();
   flat.fp32->final_loss = flat.fp32->first_loss;
+  flat.mixed->final_loss = flat.mixed->first_loss;
   EXPECT_EQ(decide(flat).verdict, Verdict::kBrokenInFp32);
+  flat.mixed = healthy_pair().mixed;
+  EXPECT_NE(decide(flat).verdict, Verdict::kBrokenInFp32);
 }
 
 TEST(DiagnosisTest, ForwardOverflowNamesTheOpAndOrdersTheFixes) {
@@ -79,10 +87,24 @@ TEST(DiagnosisTest, ForwardOverflowNamesTheOpAndOrdersTheFixes) {
   EXPECT_EQ(d.verdict, Verdict::kForwardOverflow);
   EXPECT_NE(d.headline.find("body.2.fc1 (aten::linear)"), std::string::npos) << d.headline;
   EXPECT_TRUE(contains(d.findings, "outputs reach 1.235e+05"));
-  ASSERT_EQ(d.fixes.size(), 3u);
-  EXPECT_NE(d.fixes[0].str().find("normalize"), std::string::npos);
+  // The fixes follow the measurements: no input check found the inputs unnormalized, so no
+  // "normalize the inputs"; the loss scale cannot help a forward overflow, so no init_scale.
+  ASSERT_EQ(d.fixes.size(), 3u) << d.report();
+  EXPECT_EQ(d.fixes[0].str(), "keep body.2.fc1 in fp32 (PrecisionOptions().keep_fp32({\"body.2.fc1\"})): its ops run in fp32 "
+                              "and the rest stays fp16");
   EXPECT_NE(d.fixes[1].str().find("fix the overflowing op, body.2.fc1"), std::string::npos);
-  EXPECT_NE(d.fixes[2].str().find("init_scale"), std::string::npos);
+  EXPECT_NE(d.fixes[2].str().find("bf16"), std::string::npos);
+  for (const auto& f : d.fixes) {
+    EXPECT_EQ(f.str().find("init_scale"), std::string::npos) << f.str();
+    EXPECT_EQ(f.str().find("normalize"), std::string::npos) << f.str();
+  }
+  EXPECT_EQ(d.fixes[0].str(mixtrain::run::flag_words()).rfind("keep body.2.fc1 in fp32 (--keep-fp32 body.2.fc1)", 0), 0u);
+  // With unnormalized inputs measured, normalizing comes first.
+  Evidence raw = e;
+  raw.inputs = InputReport{};
+  raw.inputs->unnormalized = true;
+  raw.inputs->findings = {"inputs have mean 120 and std 80: raw 0-255 pixels"};
+  EXPECT_NE(decide(raw).fixes.at(0).str().find("normalize or scale the inputs"), std::string::npos);
   // NaN losses in the first epoch without a traced op are forward overflow too (seed's A).
   Evidence nan_early = healthy_pair();
   nan_early.mixed->scale.nonfinite_losses = 2;
@@ -153,7 +175,7 @@ namespace {
 
 // `doctor --lr 10`: fp32 itself diverges (validation loss in the thousands) while its
 // smoothed train loss still ends below the start. That is broken_in_fp32, not underflow.
-TEST(DiagnosisBaselineTest, AnFp32BaselineThatDivergesOrSitsAtChanceIsBroken) {
+TEST(DiagnosisBaselineTest, AnFp32BaselineThatDivergesIsBrokenAndOneThatLearnsSlowlyIsANote) {
   Evidence e = healthy_pair();
   e.fp32->final_loss = 2.0;   // the smoothed train loss fell a little...
   e.fp32->valid_loss = 4870;  // ...but validation exploded
@@ -166,9 +188,18 @@ TEST(DiagnosisBaselineTest, AnFp32BaselineThatDivergesOrSitsAtChanceIsBroken) {
   chance.fp32->metric_names = {"accuracy"};
   chance.fp32->metrics = {0.11};
   chance.fp32->chance_accuracy = 0.1;
+  d = decide(chance);  // at chance but learning (its train loss falls), and fp16 does as well: not broken
+  EXPECT_EQ(d.verdict, Verdict::kHealthy) << d.report();
+  chance.mixed->scale.nonfinite_losses = 40;  // fp16 NaN where the weak fp32 baseline stays finite
+  chance.mixed->scale.first_nonfinite_step = 0;
+  chance.mixed->scale.first_nonfinite_epoch = 0;
   d = decide(chance);
-  EXPECT_EQ(d.verdict, Verdict::kBrokenInFp32);
-  EXPECT_TRUE(contains(d.findings, "at chance: validation accuracy 0.11 against 0.1")) << d.report();
+  EXPECT_EQ(d.verdict, Verdict::kForwardOverflow) << d.report();
+  EXPECT_TRUE(contains(d.findings, "note: the fp32 baseline is weak (validation accuracy 0.11, near chance 0.1)")) << d.report();
+  Evidence stuck = healthy_pair();  // a baseline whose train loss does not fall, and fp16 no better
+  stuck.fp32->final_loss = stuck.fp32->first_loss;
+  stuck.mixed->final_loss = stuck.mixed->first_loss;
+  EXPECT_EQ(decide(stuck).verdict, Verdict::kBrokenInFp32);
 
   Evidence fine = healthy_pair();
   fine.fp32->metric_names = fine.mixed->metric_names = {"accuracy"};

@@ -26,45 +26,47 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
   RunConfig c;
   // Adding a field to RunConfig stops this line compiling until the field is
   // named here, probed below and given a row in the option table.
-  auto& [data, model, loss, epochs, lr, bs, seed, limit, threads, thread_policy, precision, precision_options, clip,
-         accum, wd_bn_bias, save_every, keep, max_bad_steps, comm_dtype, ranks, monitor, save_best, early_stop,
-         split_at, freeze_to] = c;
+  [[maybe_unused]] auto& [data, model, loss, epochs, lr, bs, seed, limit, threads, thread_policy, precision,
+                          precision_options, clip, accum, wd_bn_bias, save_every, keep, max_bad_steps, comm_dtype, ranks,
+                          monitor, save_best, early_stop, split_at, freeze_to] = c;
   RunArgs args;
   const std::vector<FieldProbe> probes = {
-      {"data", "d.pt", [&](const RunConfig&) { return data == "d.pt"; }},
-      {"model", "mlp", [&](const RunConfig&) { return model == "mlp"; }},
-      {"loss", "mse", [&](const RunConfig&) { return loss == "mse"; }},
-      {"epochs", "3", [&](const RunConfig&) { return epochs == 3; }},
-      {"lr", "1e-4,1e-3", [&](const RunConfig&) { return lr == Lrs(std::vector<double>{1e-4, 1e-3}); }},
-      {"bs", "32", [&](const RunConfig&) { return bs == 32; }},
-      {"seed", "18446744073709551615", [&](const RunConfig&) { return seed == 18446744073709551615ull; }},
-      {"limit", "100", [&](const RunConfig&) { return limit == 100; }},
-      {"threads", "2", [&](const RunConfig&) { return threads == 2; }},
-      {"thread_policy", "blas", [&](const RunConfig&) { return thread_policy == "blas"; }},
-      {"precision", "bf16-master", [&](const RunConfig&) { return precision == Precision::kBf16Master; }},
-      {"init_scale", "1024", [&](const RunConfig&) { return precision_options.scaler().init_scale() == 1024; }},
-      {"growth_factor", "3", [&](const RunConfig&) { return precision_options.scaler().growth_factor() == 3; }},
-      {"backoff_factor", "0.25", [&](const RunConfig&) { return precision_options.scaler().backoff_factor() == 0.25; }},
-      {"growth_interval", "7", [&](const RunConfig&) { return precision_options.scaler().growth_interval() == 7; }},
-      {"no_emulation", "true", [&](const RunConfig&) { return !precision_options.allow_fp16_emulation(); }},
-      {"dynamic", "false", [&](const RunConfig&) { return !precision_options.master().dynamic(); }},
-      {"loss_scale", "32", [&](const RunConfig&) { return precision_options.master().loss_scale() == 32; }},
-      {"max_noskip", "9", [&](const RunConfig&) { return precision_options.master().max_noskip() == 9; }},
-      {"max_scale", "4096", [&](const RunConfig&) { return precision_options.master().max_scale() == 4096; }},
-      {"flat_master", "true", [&](const RunConfig&) { return precision_options.master().flat_master(); }},
-      {"clip", "0.5", [&](const RunConfig&) { return clip == 0.5; }},
-      {"accum", "2", [&](const RunConfig&) { return accum == 2; }},
-      {"wd_bn_bias", "true", [&](const RunConfig&) { return wd_bn_bias; }},
-      {"save_every", "1", [&](const RunConfig&) { return save_every == 1; }},
-      {"keep", "2", [&](const RunConfig&) { return keep == 2; }},
-      {"max_bad_steps", "3", [&](const RunConfig&) { return max_bad_steps == 3; }},
-      {"comm_dtype", "fp16", [&](const RunConfig&) { return comm_dtype == "fp16"; }},
-      {"ranks", "4", [&](const RunConfig&) { return ranks == 4; }},
-      {"monitor", "accuracy", [&](const RunConfig&) { return monitor == "accuracy"; }},
-      {"save_best", "true", [&](const RunConfig&) { return save_best; }},
-      {"early_stop", "5", [&](const RunConfig&) { return early_stop == 5; }},
-      {"split_at", "3,7", [&](const RunConfig&) { return split_at == "3,7"; }},
-      {"freeze_to", "1", [&](const RunConfig&) { return freeze_to == 1; }},
+      {"data", "d.pt", [](const RunConfig& r) { return r.data == "d.pt"; }},
+      {"model", "mlp", [](const RunConfig& r) { return r.model == "mlp"; }},
+      {"loss", "mse", [](const RunConfig& r) { return r.loss == "mse"; }},
+      {"epochs", "3", [](const RunConfig& r) { return r.epochs == 3; }},
+      {"lr", "1e-4,1e-3", [](const RunConfig& r) { return r.lr == Lrs(std::vector<double>{1e-4, 1e-3}); }},
+      {"bs", "32", [](const RunConfig& r) { return r.bs == 32; }},
+      {"seed", "18446744073709551615", [](const RunConfig& r) { return r.seed == 18446744073709551615ull; }},
+      {"limit", "100", [](const RunConfig& r) { return r.limit == 100; }},
+      {"threads", "2", [](const RunConfig& r) { return r.threads == 2; }},
+      {"thread_policy", "blas", [](const RunConfig& r) { return r.thread_policy == "blas"; }},
+      {"precision", "bf16-master", [](const RunConfig& r) { return r.precision == Precision::kBf16Master; }},
+      {"init_scale", "1024", [](const RunConfig& r) { return r.precision_options.scaler().init_scale() == 1024; }},
+      {"growth_factor", "3", [](const RunConfig& r) { return r.precision_options.scaler().growth_factor() == 3; }},
+      {"backoff_factor", "0.25", [](const RunConfig& r) { return r.precision_options.scaler().backoff_factor() == 0.25; }},
+      {"growth_interval", "7", [](const RunConfig& r) { return r.precision_options.scaler().growth_interval() == 7; }},
+      {"no_emulation", "true", [](const RunConfig& r) { return !r.precision_options.allow_fp16_emulation(); }},
+      {"dynamic", "false", [](const RunConfig& r) { return !r.precision_options.master().dynamic(); }},
+      {"loss_scale", "32", [](const RunConfig& r) { return r.precision_options.master().loss_scale() == 32; }},
+      {"max_noskip", "9", [](const RunConfig& r) { return r.precision_options.master().max_noskip() == 9; }},
+      {"max_scale", "4096", [](const RunConfig& r) { return r.precision_options.master().max_scale() == 4096; }},
+      {"flat_master", "true", [](const RunConfig& r) { return r.precision_options.master().flat_master(); }},
+      {"clip", "0.5", [](const RunConfig& r) { return r.clip == 0.5; }},
+      {"accum", "2", [](const RunConfig& r) { return r.accum == 2; }},
+      {"wd_bn_bias", "true", [](const RunConfig& r) { return r.wd_bn_bias; }},
+      {"save_every", "1", [](const RunConfig& r) { return r.save_every == 1; }},
+      {"keep_fp32", "conv_proj,encoder.layers.*.mlp",
+       [](const RunConfig& r) { return r.precision_options.keep_fp32() == std::vector<std::string>{"conv_proj", "encoder.layers.*.mlp"}; }},
+      {"keep", "2", [](const RunConfig& r) { return r.keep == 2; }},
+      {"max_bad_steps", "3", [](const RunConfig& r) { return r.max_bad_steps == 3; }},
+      {"comm_dtype", "fp16", [](const RunConfig& r) { return r.comm_dtype == "fp16"; }},
+      {"ranks", "4", [](const RunConfig& r) { return r.ranks == 4; }},
+      {"monitor", "accuracy", [](const RunConfig& r) { return r.monitor == "accuracy"; }},
+      {"save_best", "true", [](const RunConfig& r) { return r.save_best; }},
+      {"early_stop", "5", [](const RunConfig& r) { return r.early_stop == 5; }},
+      {"split_at", "3,7", [](const RunConfig& r) { return r.split_at == "3,7"; }},
+      {"freeze_to", "1", [](const RunConfig& r) { return r.freeze_to == 1; }},
   };
   std::set<std::string> probed;
   for (const auto& p : probes) {
@@ -144,6 +146,10 @@ TEST(RunOptionsTest, ErrorsCarryTheKeyAndEachFrontEndNamesItInItsWords) {
   EXPECT_EQ(fix.str(flag_words()), "start the scaler lower: --init-scale 256, or --precision bf16 without --no-emulation");
   EXPECT_EQ(fix.str(keyword_words()), "start the scaler lower: init_scale=256, or precision=\"bf16\" without no_emulation");
   EXPECT_EQ(fix.keys(), (std::vector<std::string>{"init_scale", "precision", "no_emulation"}));
+  const Phrase island = Phrase::setting("keep_fp32", "conv_proj,encoder.*.mlp");
+  EXPECT_EQ(island.str(flag_words()), "--keep-fp32 conv_proj,encoder.*.mlp");
+  EXPECT_EQ(island.str(keyword_words()), "keep_fp32=[\"conv_proj\", \"encoder.*.mlp\"]");
+  EXPECT_EQ(island.str(), "PrecisionOptions().keep_fp32({\"conv_proj\", \"encoder.*.mlp\"})");
 
   // Each check names its own key.
   const std::vector<std::pair<std::function<void(RunArgs&)>, std::string>> bad = {

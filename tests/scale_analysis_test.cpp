@@ -58,6 +58,21 @@ TEST_F(ScaleAnalysisTest, RepeatedBackoffToTinyScalesIsACollapse) {
   EXPECT_NE(diagnose::fit_warning(a).find("likely gradient_overflow"), std::string::npos) << diagnose::fit_warning(a);
 }
 
+// NaN losses from the first step (a forward overflow): the warning says so, as the
+// doctor's verdict would, and gives no advice about the scaler.
+TEST_F(ScaleAnalysisTest, NanLossesFromTheStartWarnOfAForwardOverflowNotTheScaler) {
+  diagnose::ScaleAnalysis a;
+  a.has_scale = true;
+  a.steps = a.skipped = a.settling_steps = a.nonfinite_losses = 10;
+  a.skip_rate = 1.0;
+  a.first_nonfinite_step = a.first_nonfinite_epoch = 0;
+  a.initial_scale = 65536;
+  const std::string w = diagnose::fit_warning(a);
+  EXPECT_NE(w.find("likely forward_overflow"), std::string::npos) << w;
+  EXPECT_EQ(w.find("init_scale"), std::string::npos) << w;
+  EXPECT_EQ(w.find("underflow"), std::string::npos) << w;
+}
+
 TEST_F(ScaleAnalysisTest, BackingOffFromATooHighInitialScaleIsSettlingNotCollapse) {
   // 2^40 down to 2^30 in ten skipped steps, then clean: the scaler found its level.
   std::vector<double> scales;

@@ -6,11 +6,13 @@
 #include "mixtrain/callback.h"
 #include "mixtrain/data.h"
 #include "mixtrain/metrics.h"
+#include "mixtrain/module_scope.h"
 #include "mixtrain/param_groups.h"
 #include "mixtrain/recorder.h"
 #include "mixtrain/schedule.h"
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
 #include <functional>
@@ -79,11 +81,12 @@ class Model {
  public:
   using Forward = std::function<torch::Tensor(const ModelInputs&)>;
   Model() = default;
+  /// A Sequential runs child by child, each in a ModuleScope of its index
+  /// (mixtrain/module_scope.h), so that fp32 islands and the overflow tracer know
+  /// which layer a parameter-free op (an activation, a residual add) belongs to.
   template <typename Holder, typename = decltype(std::declval<Holder&>()->forward(std::declval<torch::Tensor>()))>
   Model(Holder holder)  // NOLINT: implicit on purpose, so a Learner takes any holder
-      : module_(holder.ptr()),
-        forward_([holder](const ModelInputs& in) mutable -> torch::Tensor { return holder->forward(in.at(0)); }),
-        num_inputs_(1) {}
+      : module_(holder.ptr()), forward_(forward_of(holder)), num_inputs_(1) {}
   /// A module whose forward takes `num_inputs` tensors (-1: any number), run by `forward`.
   ///
   /// Example (a native module with two inputs):
@@ -108,6 +111,23 @@ class Model {
   uint32_t state_crc32() const;
 
  private:
+  template <typename Holder>
+  static Forward forward_of(Holder holder) {
+    if constexpr (std::is_same_v<Holder, torch::nn::Sequential>) {
+      return [holder](const ModelInputs& in) mutable -> torch::Tensor {
+        torch::Tensor x = in.at(0);
+        size_t i = 0;
+        for (auto& layer : *holder) {
+          const ModuleScope scope(std::to_string(i++));
+          x = layer.forward(x);
+        }
+        return x;
+      };
+    } else {
+      return [holder](const ModelInputs& in) mutable -> torch::Tensor { return holder->forward(in.at(0)); };
+    }
+  }
+
   std::shared_ptr<torch::nn::Module> module_;
   Forward forward_;
   int64_t num_inputs_ = -1;

@@ -3,6 +3,7 @@
 
 #include "mixtrain/amp/autocast.h"
 #include "mixtrain/amp/reduced_precision_emulation.h"
+#include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/amp/loss_scale_rule.h"
 #include "mixtrain/amp/master_weights.h"
@@ -38,6 +39,7 @@
 #include "mixtrain/lr_find.h"
 #include "mixtrain/metrics.h"
 #include "mixtrain/models.h"
+#include "mixtrain/module_scope.h"
 #include "mixtrain/norm_layer.h"
 #include "mixtrain/option_error.h"
 #include "mixtrain/param_groups.h"

@@ -53,6 +53,10 @@ struct PrecisionOptions {
   TORCH_ARG(amp::MasterWeightsOptions, master);
   /// fp16 on a CPU: emulate fp16 numerics (true) or make fit an error (false).
   TORCH_ARG(bool, allow_fp16_emulation) = true;
+  /// fp32 islands: module paths or patterns ("encoder.layers.*.mlp") computed in
+  /// fp32 under fp16, bf16 and the master-weights modes (mixtrain/amp/fp32_islands.h).
+  /// set_precision throws OptionError("keep_fp32") for a name that matches no module.
+  TORCH_ARG(std::vector<std::string>, keep_fp32);
 };
 
 /// Throws c10::Error naming the first option that `precision` cannot use, or a

@@ -1,7 +1,10 @@
 #include "dispatch_mode.h"
 
 #include "mixtrain/amp/reduced_precision_emulation.h"
+#include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/op_trace.h"
+#include "mixtrain/option_error.h"
+#include "mixtrain/module_scope.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -10,6 +13,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -24,6 +28,16 @@ thread_local int norms_depth = 0;
 thread_local int trace_depth = 0;
 thread_local OpObserver* observer = nullptr;
 thread_local bool inside_traced_op = false;
+thread_local const std::vector<std::string>* islands = nullptr;  // fp32 islands' module patterns
+
+/// Whether the running op belongs to a module kept in fp32.
+bool in_island() {
+  if (islands == nullptr || islands->empty()) return false;
+  const std::string path = current_module_path();
+  for (const auto& pattern : *islands)
+    if (module_path_matches(pattern, path)) return true;
+  return false;
+}
 
 int& depth(Mode mode) {
   switch (mode) {
@@ -249,18 +263,35 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   const auto n_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   const auto n_out = static_cast<std::ptrdiff_t>(op.schema().returns().size());
 
-  if (norms_depth > 0 && is_norm(name) && n_args > 0 && is_reduced(*(stack->end() - n_args))) {
-    // A norm layer kept in fp32 receiving a half/bf16 input: normalize in fp32
-    // (libtorch's CPU layer/group norm reject mixed dtypes), return the input's dtype.
-    c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
-    auto& input = *(stack->end() - n_args);
-    const auto dtype = input.toTensor().scalar_type();
-    input = input.toTensor().to(at::kFloat);
+  if (norms_depth > 0 && n_args > 0) {
+    // Master weights keep norm layers and fp32 islands in fp32 while the rest of
+    // the model is half/bf16: such an op computes in fp32 on its half/bf16 inputs
+    // (libtorch's CPU ops reject mixed dtypes) and returns the model's dtype.
+    const bool norm = is_norm(name) && is_reduced(*(stack->end() - n_args));
+    std::optional<at::ScalarType> reduced;
+    if (!norm && in_island())
+      for (auto it = stack->end() - n_args; it != stack->end() && !reduced; ++it)
+        if (is_reduced(*it)) reduced = it->toTensor().scalar_type();
+    if (norm || reduced) {
+      c10::impl::ExcludeDispatchKeyGuard off(kModeKey);
+      const auto dtype = norm ? (stack->end() - n_args)->toTensor().scalar_type() : *reduced;
+      for (auto it = stack->end() - n_args; it != stack->end(); ++it)
+        if (is_reduced(*it) && (!norm || it == stack->end() - n_args)) *it = it->toTensor().to(at::kFloat);
+      op.redispatchBoxed(below, stack);
+      for (auto it = stack->end() - n_out; it != stack->end(); ++it)
+        if (it->isTensor() && it->toTensor().defined() && it->toTensor().scalar_type() == at::kFloat)
+          *it = it->toTensor().to(dtype);
+      if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
+      return true;
+    }
+  }
+  if (emulation_depth > 0 && in_island()) {
+    // An fp32 island under emulated autocast: the op runs in fp32 on its inputs as
+    // they are (an fp16 result is its fp32 value), and its result is fp32: the ops
+    // after the island see an fp32 tensor, and the usual promotion applies there.
     op.redispatchBoxed(below, stack);
-    auto& out = *(stack->end() - n_out);
-    if (out.isTensor()) out = out.toTensor().to(dtype);
     if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
-    return true;
+    return false;
   }
   if (emulation_depth > 0) return emulate_op(op, below, stack, raw_outputs);
   op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
@@ -314,6 +345,12 @@ DispatchModeGuard::DispatchModeGuard(Mode mode) : mode_(mode), include_((registe
 }
 DispatchModeGuard::~DispatchModeGuard() { --depth(mode_); }
 
+const std::vector<std::string>* set_islands(const std::vector<std::string>* patterns) {
+  const std::vector<std::string>* previous = islands;
+  islands = patterns;
+  return previous;
+}
+
 OpObserver* set_op_observer(OpObserver* next) {
   OpObserver* previous = observer;
   observer = next;
@@ -325,6 +362,32 @@ bool mode_active(Mode mode) { return depth(mode) > 0 && c10::impl::tls_is_dispat
 } // namespace mixtrain::amp::detail
 
 namespace mixtrain::amp {
+
+Fp32Islands::Fp32Islands(std::vector<std::string> patterns)
+    : patterns_(std::move(patterns)), previous_(detail::set_islands(&patterns_)) {}
+
+Fp32Islands::~Fp32Islands() { detail::set_islands(previous_); }
+
+std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const std::vector<std::string>& paths) {
+  std::vector<std::string> kept;
+  for (const auto& pattern : patterns) {
+    if (pattern.empty()) throw OptionError("keep_fp32", "an empty module name in " + Phrase::name("keep_fp32"));
+    std::vector<std::string> matched;
+    for (const auto& p : paths)
+      if (module_path_matches(pattern, p)) matched.push_back(p);
+    if (matched.empty()) {
+      std::string close;
+      for (const auto& c : closest_paths(pattern, paths)) close += (close.empty() ? "" : ", ") + c;
+      throw OptionError("keep_fp32", Phrase::setting("keep_fp32", pattern) + " matches no module of the model" +
+                                         (close.empty() ? std::string() : " (closest: " + close + ")"));
+    }
+    if (matched.size() == paths.size() && paths.size() > 1)
+      throw OptionError("keep_fp32", Phrase::setting("keep_fp32", pattern) +
+                                         " matches every module of the model: that is fp32 training, not an island");
+    kept.insert(kept.end(), matched.begin(), matched.end());
+  }
+  return kept;
+}
 
 OpTraceScope::OpTraceScope(OpObserver* observer)
     : previous_(detail::set_op_observer(observer)),

@@ -11,10 +11,15 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <string>
+#include <vector>
 
 namespace mixtrain::amp::detail {
 
 enum class Mode { kReducedPrecisionEmulation, kFp32Norms, kOpTrace };
+
+/// Installs the fp32 islands' module patterns for this thread (nullptr removes
+/// them); returns the previous ones. The emulation and master weights' fp32 mode read them.
+const std::vector<std::string>* set_islands(const std::vector<std::string>* patterns);
 
 /// Installs the observer for this thread (nullptr removes it); returns the previous one.
 OpObserver* set_op_observer(OpObserver* observer);

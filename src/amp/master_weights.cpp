@@ -3,7 +3,9 @@
 #include "../archive_util.h"
 #include "dispatch_mode.h"
 #include "mixtrain/amp/unscale.h"
+#include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/learner.h"
+#include "mixtrain/module_scope.h"
 #include "mixtrain/option_error.h"
 
 #include <torch/nn/modules/batchnorm.h>
@@ -20,11 +22,15 @@ namespace mixtrain::amp {
 namespace {
 
 /// Converts the floating-point parameters and buffers of every module to `dtype`,
-/// except those of norm layers, in place (the tensors the optimizer holds stay the same objects).
-void convert_model(torch::nn::Module& model, c10::ScalarType dtype) {
+/// except those of norm layers and fp32 islands, in place (the tensors the
+/// optimizer holds stay the same objects).
+void convert_model(torch::nn::Module& model, c10::ScalarType dtype, const std::vector<std::string>& keep_fp32 = {}) {
   torch::NoGradGuard no_grad;
-  for (const auto& m : model.modules(/*include_self=*/true)) {
-    const c10::ScalarType target = is_norm_layer(*m) ? torch::kFloat : dtype;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const torch::nn::Module* m = item.value().get();
+    const bool island = std::any_of(keep_fp32.begin(), keep_fp32.end(),
+                                    [&](const std::string& p) { return module_path_matches(p, item.key()); });
+    const c10::ScalarType target = is_norm_layer(*m) || island ? torch::kFloat : dtype;
     for (auto& p : m->parameters(/*recurse=*/false))
       if (p.is_floating_point() && p.scalar_type() != target) p.set_data(p.data().to(target));
     for (auto& b : m->buffers(/*recurse=*/false))
@@ -89,7 +95,7 @@ MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
 
   // The optimizer's param groups decide the master groups; create it now if needed.
   torch::optim::Optimizer& opt = learn.opt();
-  convert_model(learn.model().module(), dtype);
+  convert_model(learn.model().module(), dtype, options_.keep_fp32());
   {
     torch::NoGradGuard no_grad;
     for (auto& group : opt.param_groups()) {
@@ -181,6 +187,7 @@ void MasterWeights::before_batch(Learner& learn) {
   to_model_dtype(learn.batch().x);
   for (auto& x : learn.batch().extra_x) to_model_dtype(x);
   norm_mode_ = std::make_shared<detail::DispatchModeGuard>(detail::Mode::kFp32Norms);
+  if (!options_.keep_fp32().empty()) islands_ = std::make_shared<Fp32Islands>(options_.keep_fp32());
 }
 
 void MasterWeights::after_pred(Learner& learn) {
@@ -189,11 +196,16 @@ void MasterWeights::after_pred(Learner& learn) {
     pred = pred.to(torch::kFloat);
 }
 
-void MasterWeights::after_loss(Learner&) { norm_mode_.reset(); }
-void MasterWeights::after_batch(Learner&) { norm_mode_.reset(); }
-void MasterWeights::after_cancel_batch(Learner&) { norm_mode_.reset(); }
-void MasterWeights::after_fit(Learner&) { norm_mode_.reset(); }
-void MasterWeights::on_error(Learner&) { norm_mode_.reset(); }
+void MasterWeights::after_loss(Learner&) { end_forward_region(); }
+void MasterWeights::after_batch(Learner&) { end_forward_region(); }
+void MasterWeights::after_cancel_batch(Learner&) { end_forward_region(); }
+void MasterWeights::after_fit(Learner&) { end_forward_region(); }
+void MasterWeights::on_error(Learner&) { end_forward_region(); }
+
+void MasterWeights::end_forward_region() {
+  islands_.reset();
+  norm_mode_.reset();
+}
 
 void MasterWeights::before_backward(Learner& learn) { learn.loss_grad() = learn.loss_grad() * rule_.scale(); }
 

@@ -35,7 +35,7 @@ void notice_once(bool& printed, const char* message) {
 }
 } // namespace
 
-bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool allow_fp16_emulation) {
+bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool allow_fp16_emulation, bool notice) {
   const c10::DeviceType device = where.type();
   if (dtype == c10::ScalarType::BFloat16) {
     if (device == c10::DeviceType::CUDA && !compat::cuda_bf16_supported(where.has_index() ? where.index() : -1))
@@ -44,7 +44,8 @@ bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool al
     // bf16 numerics are emulated instead (round through bfloat16, compute in fp32).
     if (device == c10::DeviceType::CPU && !compat::cpu_has_native_bf16()) {
       static bool bf16_emulation_noticed = false;
-      notice_once(bf16_emulation_noticed,
+      if (notice)
+        notice_once(bf16_emulation_noticed,
                   "this CPU has no native bf16 instructions: bf16 numerics are emulated (rounded through bfloat16, "
                   "computed in fp32), near fp32 speed; real bf16 autocast would be 5-40x slower");
       return true;
@@ -56,7 +57,7 @@ bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool al
                                           Phrase::setting("no_emulation", "true") + "); use bf16 (real CPU autocast), fp32, "
                                           "or allow emulation");
   static bool emulation_noticed = false;
-  notice_once(emulation_noticed, "fp16 numerics are emulated on CPU (no speed-up; for checking fp16 safety)");
+  if (notice) notice_once(emulation_noticed, "fp16 numerics are emulated on CPU (no speed-up; for checking fp16 safety)");
   return true;
 }
 
@@ -64,6 +65,11 @@ void MixedPrecision::prepare_for(Learner& learn) {
   // Decided once per device: before_validate asks again at every epoch of a fit.
   if (prepared_for_ == learn.device()) return;
   emulated_ = check_precision_supported(dtype_, learn.device(), allow_fp16_emulation_);
+  if (!keep_fp32_.empty()) {
+    TORCH_CHECK(!learn.device().is_cuda(), "fp32 islands (keep_fp32) under real CUDA autocast are not implemented yet; "
+                                           "they work with the CPU's emulated fp16 and bf16");
+    emulated_ = emulated_ || dtype_ != c10::ScalarType::Float;  // islands are an emulation rule: bf16 on a CPU too
+  }
   device_type_ = learn.device().type();
   prepared_for_ = learn.device();
 }
@@ -77,6 +83,7 @@ void MixedPrecision::before_validate(Learner& learn) { prepare_for(learn); }
 std::string MixedPrecision::mode_tag() const { return std::string("mixed_precision:") + c10::toString(dtype_); }
 
 void MixedPrecision::before_batch(Learner&) {
+  if (emulated_ && !keep_fp32_.empty()) islands_.emplace(keep_fp32_);
   if (emulated_)
     emulation_.emplace(dtype_);
   else if (dtype_ != c10::ScalarType::Float)
@@ -86,6 +93,7 @@ void MixedPrecision::before_batch(Learner&) {
 void MixedPrecision::end_forward_region() {
   guard_.reset();
   emulation_.reset();
+  islands_.reset();
 }
 
 void MixedPrecision::after_pred(Learner& learn) {
@@ -120,6 +128,10 @@ void MixedPrecision::after_batch(Learner&) { end_forward_region(); }
 void MixedPrecision::after_cancel_batch(Learner&) { end_forward_region(); }
 
 void MixedPrecision::save_state(torch::serialize::OutputArchive& ar) const {
+  // The islands are part of the mode: a checkpoint restores them.
+  c10::List<std::string> islands;
+  for (const auto& p : keep_fp32_) islands.push_back(p);
+  ar.write("keep_fp32", c10::IValue(islands));
   for (const auto& kv : scaler_.state_dict()) {
     const c10::IValue& v = kv.value();
     mixtrain::detail::write_f64(ar, "scaler." + kv.key().toStringRef(),
@@ -128,6 +140,12 @@ void MixedPrecision::save_state(torch::serialize::OutputArchive& ar) const {
 }
 
 void MixedPrecision::load_state(torch::serialize::InputArchive& ar) {
+  c10::IValue islands;
+  if (ar.try_read("keep_fp32", islands) && islands.isList()) {  // older checkpoints have none
+    std::vector<std::string> patterns;
+    for (const auto& p : islands.toListRef()) patterns.push_back(p.toStringRef());
+    keep_fp32(std::move(patterns));
+  }
   if (scaler_.is_enabled()) {
     GradScalerState state = empty_grad_scaler_state();
     for (const char* key : {"scale", "growth_factor", "backoff_factor"})

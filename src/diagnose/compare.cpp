@@ -4,6 +4,7 @@
 
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/precision_callback.h"
+#include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
@@ -108,10 +109,12 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     TORCH_CHECK(state.size() == initial.size(), "diagnose::compare: the learner factory built two different models");
     for (size_t i = 0; i < state.size(); ++i) state[i].copy_(initial[i]);
   }
-  if (fp16)
-    mixed->to_fp16(o.scaler(), o.allow_fp16_emulation());
-  else
-    mixed->to_bf16();
+  mixed->set_precision(o.precision(), PrecisionOptions()
+                                         .scaler(o.scaler())
+                                         .allow_fp16_emulation(o.allow_fp16_emulation())
+                                         .keep_fp32(o.keep_fp32()));
+  // The verdict speaks for this run: no end-of-fit warning that could say otherwise.
+  while (auto warning = mixed->get_cb<FitWarning>()) mixed->remove_cb(warning);
 
   const data::Batch probe = probe_batch(*mixed);
   // bf16 has fp32's exponent range: there is no fp16 overflow to trace.

@@ -78,11 +78,13 @@ Diagnosis decide(Evidence e) {
   const std::string mixed_name = mixed ? mixed->precision : "mixed precision";
   const std::optional<double> gap = e.gap_percent();
   bool gap_said = false;  // the deciding evidence already states the gap
+  std::string weak_baseline;  // a note when the baseline is weak but not the cause
 
   auto finish = [&](Verdict v, std::string headline, std::vector<Phrase> fixes) {
     d.verdict = v;
     d.headline = std::move(headline);
     d.fixes = std::move(fixes);
+    if (!weak_baseline.empty() && v != Verdict::kHealthy) d.findings.push_back(weak_baseline);
     // Context that is not the deciding evidence but helps a reader.
     if (base && mixed && gap && !gap_said) {
       const auto [b, m] = compared_losses(*base, *mixed);
@@ -123,7 +125,10 @@ Diagnosis decide(Evidence e) {
                              "run fp16 on a CUDA GPU for its speed-up"});
   }
 
-  // The fp32 baseline first: if it fails, fp16 is not the cause.
+  // The fp32 baseline first: if it fails and the mixed run does no better, fp16 is
+  // not the cause. A baseline that learns slowly is a note, not a verdict; and a
+  // mixed run that goes non-finite or skips steps where fp32 stays finite always
+  // gets the mixed-precision verdict, however weak the baseline.
   if (base) {
     const bool nonfinite = base->scale.nonfinite_losses > 0 || !std::isfinite(base->final_loss);
     const bool loss_fell = std::isfinite(base->first_loss) && std::isfinite(base->final_loss) &&
@@ -135,8 +140,14 @@ Diagnosis decide(Evidence e) {
       if (base->metric_names[i] == "accuracy") accuracy = base->metrics[i];
     const bool at_chance = std::isfinite(accuracy) && std::isfinite(base->chance_accuracy) &&
                            accuracy <= kChanceAccuracyFactor * base->chance_accuracy;
-    const bool learned = loss_fell && !valid_far_above && !at_chance;
-    if (nonfinite || !learned) {
+    const bool fails = nonfinite || !loss_fell || valid_far_above;
+    const ScaleAnalysis* ms = mixed ? &mixed->scale : nullptr;
+    const bool mixed_breaks_alone =
+        !nonfinite && ms && (ms->nonfinite_losses > 0 || skips_are_a_problem(*ms) || ms->collapsed);
+    const bool mixed_learns = mixed && ms->nonfinite_losses == 0 && std::isfinite(mixed->first_loss) &&
+                              std::isfinite(mixed->final_loss) && mixed->final_loss < mixed->first_loss &&
+                              !(mixed->valid_loss > kValidLossFarAbove * mixed->first_loss);
+    if (fails && !mixed_breaks_alone && !mixed_learns) {
       add_input_findings(e, d.findings);
       if (nonfinite)
         d.findings.push_back("the fp32 baseline fails too: " + std::to_string(base->scale.nonfinite_losses) +
@@ -156,6 +167,14 @@ Diagnosis decide(Evidence e) {
       fixes.push_back("lower the learning rate if the loss diverges");
       return finish(Verdict::kBrokenInFp32, "broken_in_fp32: the fp32 baseline fails too", fixes);
     }
+    if (fails || at_chance)
+      weak_baseline = "note: the fp32 baseline is weak (" +
+                      std::string(nonfinite        ? "its losses go NaN/Inf too"
+                                  : !loss_fell      ? "its train loss does not fall"
+                                  : valid_far_above ? "its validation loss diverges"
+                                                    : "validation accuracy " + short_number(accuracy) + ", near chance " +
+                                                          short_number(base->chance_accuracy)) +
+                      "), but " + mixed_name + " fails where fp32 does not: mixed precision is a cause here";
   }
 
   const ScaleAnalysis* s = mixed ? &mixed->scale : nullptr;
@@ -169,17 +188,21 @@ Diagnosis decide(Evidence e) {
       d.findings.push_back(std::to_string(s->nonfinite_losses) + " " + mixed_name + " losses were NaN/Inf, the first at step " +
                            std::to_string(s->first_nonfinite_step) + " (epoch " + std::to_string(s->first_nonfinite_epoch) + ")");
     add_input_findings(e, d.findings);
+    // Fixes that follow the measurements: the inputs only when the input check
+    // found them unnormalized; the scaler never (the loss scale does not touch the
+    // forward pass).
     std::vector<Phrase> fixes;
-    fixes.push_back(e.inputs && e.inputs->unnormalized ? "normalize or scale the inputs: " + e.inputs->findings.back()
-                                                       : "normalize or scale the inputs (raw 0-255 pixels and unscaled "
-                                                         "tabular features are the usual culprits)");
+    if (e.inputs && e.inputs->unnormalized) fixes.push_back("normalize or scale the inputs: " + e.inputs->findings.back());
+    const std::string module = overflow ? overflow->island() : std::string();
+    if (!module.empty())
+      fixes.push_back("keep " + module + " in fp32 (" + Phrase::setting("keep_fp32", module) +
+                      "): its ops run in fp32 and the rest stays " + mixed_name);
     fixes.push_back(overflow ? "fix the overflowing op, " + overflow->where() +
-                                   ": scale its inputs or weights down, or compute it in fp32 (large logits from an "
-                                   "unscaled layer, exp/pow in custom code, a custom loss casting to half)"
+                                   ": scale its inputs or weights down (large logits from an unscaled layer, exp/pow in "
+                                   "custom code, a custom loss casting to half)"
                              : "fix the overflowing op (large logits from an unscaled layer, exp/pow in custom code, a "
                                "custom loss casting to half)");
-    fixes.push_back("only then start the scaler lower (" + Phrase::setting("init_scale", "256") +
-                    "): that helps when the scaled loss overflows, not when the forward pass does");
+    fixes.push_back("or train in bf16 (" + Phrase::setting("precision", "bf16") + ": fp32's exponent range, no overflow at 65504)");
     return finish(Verdict::kForwardOverflow, "forward_overflow: an fp16 activation overflows in the forward pass" +
                                                  (overflow ? " at " + overflow->where() : std::string()),
                   fixes);
@@ -294,7 +317,7 @@ Diagnosis decide(Evidence e) {
 namespace {
 
 nlohmann::json finding_json(const OpFinding& f) {
-  return {{"op", f.op}, {"module", f.module}, {"after_module", f.after_module}, {"where", f.where()},
+  return {{"op", f.op}, {"module", f.module}, {"after_module", f.after_module}, {"scope", f.scope}, {"where", f.where()},
           {"max_abs", f.max_abs}, {"nonfinite", f.nonfinite}, {"fp16", f.fp16}, {"index", f.index}};
 }
 

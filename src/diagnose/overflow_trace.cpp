@@ -7,6 +7,7 @@
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/op_trace.h"
 #include "mixtrain/learner.h"
+#include "mixtrain/module_scope.h"
 
 #include <torch/torch.h>
 
@@ -19,6 +20,7 @@ namespace mixtrain::diagnose {
 
 std::string OpFinding::where() const {
   if (!module.empty()) return module + " (" + op + ")";
+  if (!scope.empty()) return op + " in " + scope;
   if (!after_module.empty()) return op + " after " + after_module;
   return op;
 }
@@ -92,6 +94,7 @@ class Tracer : public amp::OpObserver {
     f.op = name;
     f.module = module;
     f.after_module = module.empty() ? last_module_ : "";
+    f.scope = current_module_path();
     f.max_abs = s.max_abs;
     f.nonfinite = s.nonfinite;
     f.fp16 = fp16;

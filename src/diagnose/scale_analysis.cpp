@@ -78,6 +78,15 @@ std::string fit_warning(const ScaleAnalysis& a) {
   std::ostringstream s;
   s.precision(3);
   s << a.skipped << " of " << a.steps << " steps (" << 100 * a.skip_rate << "%) were skipped for inf/NaN gradients";
+  // NaN/inf losses from the first epoch: the forward pass overflows, and the scaler
+  // can do nothing about it (the doctor's forward_overflow rule says the same).
+  if (a.nonfinite_losses > 0 && a.first_nonfinite_epoch == 0 && !a.collapsed) {
+    s << " and " << a.nonfinite_losses << " losses were NaN/inf, the first at step " << a.first_nonfinite_step
+      << ": likely " << to_string(Verdict::kForwardOverflow)
+      << " (an fp16 activation overflows; the loss scale cannot help); run `mixtrain doctor` to find the op and "
+         "the module to keep in fp32";
+    return s.str();
+  }
   if (a.collapsed)
     s << " and the loss scale collapsed (" << a.initial_scale << " -> lowest " << a.min_scale << " after " << a.backoffs
       << " back-offs): likely " << to_string(Verdict::kGradientOverflow);

@@ -1,5 +1,6 @@
 #include "mixtrain/run/commands.h"
 
+#include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/atomic_file.h"
 #include "mixtrain/callbacks/checkpointer.h"
 #include "mixtrain/callbacks/csv_logger.h"
@@ -108,17 +109,19 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
                   "; resume with: ", train_command(r.ranks), " --resume ", a.out);
     checkpoint = RunFolder(a.out).latest_checkpoint();
     TORCH_CHECK(!checkpoint.empty(), "cannot resume ", a.out, ": it holds no checkpoint (no ", a.out, "/latest)");
-  } else if (writer) {
-    start_folder(a, env.world_size);
   }
+  // The model, its fit to the data and the precision (fp32 islands name its modules)
+  // are checked before the run folder is written.
+  const std::unique_ptr<Learner> learner = build_learner(r, split, writer);
+  Learner& learn = *learner;
+  learn.set_precision(r.precision, r.precision_options);
+  if (a.resume.empty() && writer) start_folder(a, env.world_size);
   const RunFolder folder(a.out);
 
   std::shared_ptr<distributed::ProcessGroup> group;
   if (env.active())
     group = distributed::ProcessGroup::connect(env, std::chrono::milliseconds(static_cast<int64_t>(a.timeout * 1000)));
 
-  const std::unique_ptr<Learner> learner = build_learner(r, split, writer);
-  Learner& learn = *learner;
   std::shared_ptr<callbacks::DataParallel> data_parallel;
   if (group) {
     data_parallel = std::make_shared<callbacks::DataParallel>(
@@ -128,7 +131,6 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
                    .stop_agreed(stop.agreed));
     learn.add_cb(data_parallel);
   }
-  learn.set_precision(r.precision, r.precision_options);
   // Data-parallel ranks stop on the agreed request, at the same batch on every rank.
   auto checkpointer = std::make_shared<callbacks::Checkpointer>(
       callbacks::CheckpointerOptions(a.out).every(r.save_every).keep(r.keep).stop(group ? stop.agreed : stop.requested).write(writer));
@@ -247,6 +249,12 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
                                 " (it trains the model as one parameter group)");
   const int threads = configure_threads(r.threads, thread_policy(r));
   const auto split = load_split(r, /*world_size=*/1);
+  if (!r.precision_options.keep_fp32().empty()) {  // a bad island is an error before the baseline trains
+    const Model model = build_model(r);
+    std::vector<std::string> paths;
+    for (const auto& m : model.module().named_modules("", /*include_self=*/false)) paths.push_back(m.key());
+    amp::check_islands(r.precision_options.keep_fp32(), paths);
+  }
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
   const RunFolder folder(a.out);
   folder.prepare();
@@ -267,6 +275,7 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
                                                 .precision(r.precision)
                                                 .scaler(r.precision_options.scaler())
                                                 .allow_fp16_emulation(r.precision_options.allow_fp16_emulation())
+                                                .keep_fp32(r.precision_options.keep_fp32())
                                                 .seed(r.seed));
 
   write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));

@@ -200,6 +200,31 @@ std::vector<Option> make_table() {
                   [](RunArgs& a, const std::string& t) {
                     a.config.precision_options.allow_fp16_emulation(!parse_bool("no_emulation", t));
                   }));
+  add(Def("keep_fp32", "--keep-fp32", ValueType::kList, kT | kD | kL,
+          "Modules kept in fp32 under fp16/bf16 (comma-separated module paths or patterns such as "
+          "encoder.layers.*.mlp): every op inside them, parameter-free ones included, computes in fp32")
+          .added_later().no_default().modes({P::kFp16, P::kBf16, P::kFp16Master, P::kBf16Master}, "the whole model is fp32")
+          .access([](const RunArgs& a) {
+                    std::string text;
+                    for (const auto& n : const_cast<RunArgs&>(a).config.precision_options.keep_fp32())
+                      text += (text.empty() ? "" : ",") + n;
+                    return text;
+                  },
+                  [](RunArgs& a, const std::string& t) {
+                    std::vector<std::string> names;
+                    size_t start = 0;
+                    while (true) {
+                      const size_t comma = t.find(',', start);
+                      const std::string name = t.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+                      if (name.empty())
+                        throw OptionError("keep_fp32", "an empty module name in " + Phrase::setting("keep_fp32", "'" + t + "'") +
+                                                           " (takes module paths separated by commas, e.g. conv_proj,encoder.layers.*.mlp)");
+                      names.push_back(name);
+                      if (comma == std::string::npos) break;
+                      start = comma + 1;
+                    }
+                    a.config.precision_options.keep_fp32(names);
+                  }));
   const std::string master_note = "it sets fp16-master/bf16-master";
   add(Def("loss_scale", "--loss-scale", ValueType::kNumber, kT | kL,
           "fp16-master/bf16-master: a static loss scale X (default: dynamic from 65536)")
@@ -395,7 +420,8 @@ void validate(const RunArgs& args, Command command) {
   // Training on a CPU: fp16 there is emulated, or an error with no_emulation. For
   // the doctor that is a verdict, not an error.
   if (command != Command::kDoctor && (r.precision == Precision::kFp16 || r.precision == Precision::kBf16))
-    amp::check_precision_supported(compute_dtype(r.precision), torch::kCPU, r.precision_options.allow_fp16_emulation());
+    amp::check_precision_supported(compute_dtype(r.precision), torch::kCPU, r.precision_options.allow_fp16_emulation(),
+                                   /*notice=*/false);  // the fit says it, once it runs
   if (!r.data.empty() && !fs::exists(r.data))
     throw OptionError("data", Phrase::name("data") + " " + r.data + " not found");
 }
@@ -437,6 +463,15 @@ const OptionWords& keyword_words() {
                                     const ValueType type = o ? o->type : ValueType::kText;
                                     if (type == ValueType::kSwitch) return key + "=" + (value == "true" ? "True" : "False");
                                     if (type == ValueType::kText) return key + "=\"" + value + "\"";
+                                    if (type == ValueType::kList) {
+                                      std::string list;
+                                      for (size_t start = 0; start <= value.size();) {
+                                        const size_t comma = std::min(value.find(',', start), value.size());
+                                        list += (list.empty() ? "\"" : ", \"") + value.substr(start, comma - start) + "\"";
+                                        start = comma + 1;
+                                      }
+                                      return key + "=[" + list + "]";
+                                    }
                                     return key + "=" + value;
                                   }};
   return kWords;
@@ -460,6 +495,15 @@ std::string RunConfig::to_json() const {
         break;
       case ValueType::kNumber: j[o.key] = std::strtod(v.c_str(), nullptr); break;
       case ValueType::kText: j[o.key] = v; break;
+      case ValueType::kList: {
+        j[o.key] = nlohmann::json::array();
+        for (size_t start = 0; !v.empty() && start <= v.size();) {
+          const size_t comma = std::min(v.find(',', start), v.size());
+          j[o.key].push_back(v.substr(start, comma - start));
+          start = comma + 1;
+        }
+        break;
+      }
       // One learning rate is a number (as args.json always had it); a list or slice is Lrs::parse's text.
       case ValueType::kLrs:
         if (lr.one_for_all()) j[o.key] = lr.last();
@@ -510,6 +554,13 @@ RunConfig RunConfig::from_json(const std::string& text) {
       case ValueType::kText:
         expected = "a string";
         if ((typed = v.is_string())) value = v.get<std::string>();
+        break;
+      case ValueType::kList:
+        expected = "a list of strings";
+        typed = v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); });
+        if (typed && v.empty()) continue;  // none: the default
+        if (typed)
+          for (const auto& e : v) value += (value.empty() ? "" : ",") + e.get<std::string>();
         break;
       case ValueType::kLrs:
         expected = "a number or a list/slice as text";

@@ -101,9 +101,55 @@ with torch.no_grad():  # q and k entries in the tens to hundreds: many logits pa
     big.attn.q.weight.normal_(0, 14)
     big.attn.k.weight.normal_(0, 14)
 torch.jit.script(big).save(path("attention_overflow.pt"))
+rng = torch.get_rng_state()  # the files below stay as they were
+for seed in (1, 2, 3, 4):  # other initial weights: the verdict must not flip with them
+    torch.manual_seed(100 + seed)
+    other = Classifier()
+    with torch.no_grad():
+        other.attn.q.weight.normal_(0, 14)
+        other.attn.k.weight.normal_(0, 14)
+    torch.jit.script(other).save(path("attention_overflow_seed%d.pt" % seed))
+torch.set_rng_state(rng)
 seq, valid_seq = torch.randn(1024, 8, 32), torch.randn(256, 8, 32)
 torch.save({"x": seq, "y": seq.mean(1)[:, :4].argmax(1), "valid_x": valid_seq,
             "valid_y": valid_seq.mean(1)[:, :4].argmax(1)}, path("sequences_data.pt"))
+
+# ---- A ViT-like classifier whose patch embedding overflows fp16 on normalized inputs:
+# its conv's weights are large, so patch embeddings pass 65504; the LayerNorm after it
+# brings them back, so fp32 (and fp16 with the patch embedding kept in fp32) trains.
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.self_attention = Attention(d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        x = x + self.self_attention(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyViT(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(1, d, 4, stride=4)  # 12x12 images: 9 patches
+        self.embed_ln = nn.LayerNorm(d)
+        self.layers = nn.ModuleList([Block(d)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x):
+        x = self.embed_ln(self.conv_proj(x).flatten(2).transpose(1, 2))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln(x).mean(1))
+
+
+vit = TinyViT()
+with torch.no_grad():
+    vit.conv_proj.weight.mul_(50000)
+torch.jit.script(vit).save(path("vit_patch_overflow.pt"))
 
 # ---- Bad input.
 torch.save(SmallConvNet().state_dict(), path("state_dict.pt"))  # weights, not TorchScript

@@ -26,7 +26,7 @@ void add_flags(CLI::App& cmd, run::Command command, GivenFlags& given) {
           o.flag, [&given, key](const std::string& v) { given.values[key] = v; }, o.help_in(command));
       if (o.show_default) flag->default_str(o.get(defaults));
       flag->type_name(o.type == run::ValueType::kInt ? "N" : o.type == run::ValueType::kNumber ? "X"
-                      : o.type == run::ValueType::kLrs ? "LR" : "TEXT");
+                      : o.type == run::ValueType::kLrs ? "LR" : o.type == run::ValueType::kList ? "NAME[,NAME...]" : "TEXT");
     }
     if (o.hidden) flag->group("");
   }

@@ -43,6 +43,9 @@ struct MasterWeightsOptions {
   TORCH_ARG(bool, flat_master) = false;
   /// Cast predictions to fp32 before the loss.
   TORCH_ARG(bool, loss_fp32) = true;
+  /// fp32 islands (mixtrain/amp/fp32_islands.h): these modules' parameters stay
+  /// fp32, as norm layers' do, and their ops compute in fp32.
+  TORCH_ARG(std::vector<std::string>, keep_fp32);
 };
 
 /// Throws c10::Error naming the first invalid option.
@@ -131,7 +134,9 @@ class MasterWeights : public PrecisionCallback {
   std::vector<torch::Tensor> masters_;  // what the optimizer holds
   std::vector<torch::Tensor> model_params_;
   const void* optimizer_ = nullptr;     // the optimizer already rebuilt over masters_
+  void end_forward_region();
   std::shared_ptr<void> norm_mode_;     // fp32 norm layers: on during the forward region only
+  std::shared_ptr<void> islands_;       // fp32 islands: on during the forward region only
 };
 
 } // namespace mixtrain::amp

@@ -3,6 +3,7 @@
 /// without fastai's silences: every step's scale and skip goes to the Recorder and is kept.
 
 #include "mixtrain/amp/autocast.h"
+#include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/amp/precision_callback.h"
@@ -15,11 +16,12 @@ namespace mixtrain::amp {
 
 /// Throws when `dtype` mixed precision cannot run on `device`: bf16 on a CUDA GPU
 /// without bf16 (std::invalid_argument, fastai's message), or fp16 on CPU when
-/// emulation is forbidden (c10::Error). Prints the one-time notices: fp16 emulated on CPU,
+/// emulation is forbidden (c10::Error). Prints (with `notice`) the one-time notices: fp16 emulated on CPU,
 /// bf16 emulated on a CPU without native bf16 instructions.
 /// Returns true when the precision will be emulated (fp16 on CPU; bf16 on a CPU
 /// without avx512_bf16/amx_bf16, where libtorch's bf16 autocast is 5-40x slower).
-bool check_precision_supported(c10::ScalarType dtype, c10::Device device, bool allow_fp16_emulation = true);
+bool check_precision_supported(c10::ScalarType dtype, c10::Device device, bool allow_fp16_emulation = true,
+                               bool notice = true);
 
 /// Runs the forward pass and the loss under autocast (before_batch to
 /// after_loss), casts floating-point predictions to fp32 (after_pred), scales
@@ -53,6 +55,15 @@ class MixedPrecision : public PrecisionCallback {
   std::string mode_tag() const override;
   /// The scaler (disabled for bf16).
   GradScaler& scaler() { return scaler_; }
+  /// Keeps the modules matching `patterns` in fp32 (mixtrain/amp/fp32_islands.h).
+  /// With islands, bf16 on a CPU is emulated (the islands need the emulation);
+  /// on CUDA they are an error at the next fit (not implemented there yet).
+  MixedPrecision& keep_fp32(std::vector<std::string> patterns) {
+    keep_fp32_ = std::move(patterns);
+    prepared_for_.reset();
+    return *this;
+  }
+  const std::vector<std::string>& keep_fp32() const { return keep_fp32_; }
 
   /// Checkpoints carry the scaler's state.
   std::string state_key() const override { return "mixed_precision"; }
@@ -85,6 +96,8 @@ class MixedPrecision : public PrecisionCallback {
   bool emulated_ = false;
   std::optional<c10::Device> prepared_for_;  // the device emulated_ was decided for
   std::optional<autocast> guard_;
+  std::vector<std::string> keep_fp32_;
+  std::optional<Fp32Islands> islands_;
   std::optional<ReducedPrecisionEmulation> emulation_;
   bool step_attempted_ = false;
 };

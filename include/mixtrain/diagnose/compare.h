@@ -11,6 +11,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace mixtrain {
 class Learner;
@@ -34,6 +36,8 @@ struct CompareOptions {
   TORCH_ARG(Precision, precision) = Precision::kFp16;
   TORCH_ARG(amp::GradScalerOptions, scaler) = {};
   TORCH_ARG(bool, allow_fp16_emulation) = true;
+  /// fp32 islands of the mixed run (PrecisionOptions::keep_fp32).
+  TORCH_ARG(std::vector<std::string>, keep_fp32);
   /// torch's global seed, set before building each Learner and before each fit.
   TORCH_ARG(uint64_t, seed) = 42;
   /// fit_one_cycle (fastai's default) or a constant-lr fit.

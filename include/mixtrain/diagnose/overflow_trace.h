@@ -28,8 +28,12 @@ struct OpFinding {
   double max_abs = 0;        ///< largest finite magnitude among its outputs (before rounding to half)
   int64_t nonfinite = 0;     ///< inf/NaN elements among its outputs
   bool fp16 = false;         ///< whether it runs in fp16 under autocast
-  /// "body.2.fc1 (aten::linear)", or "aten::add after body.2.fc1".
+  std::string scope;         ///< the module the op runs in (its module boundary, mixtrain/module_scope.h), or ""
+  /// "body.2.fc1 (aten::linear)", "aten::matmul in encoder.layers.0.self_attention"
+  /// (an op without a parameter, inside a module), or "aten::add after body.2.fc1".
   std::string where() const;
+  /// The module to keep in fp32 against it: the parameter's owner, else the module it runs in ("" at the top level).
+  std::string island() const { return !module.empty() ? module : scope; }
 };
 
 struct OverflowTrace {

@@ -55,6 +55,7 @@ enum class ValueType {
   kNumber,     ///< a real number
   kText,       ///< a string
   kLrs,        ///< a learning rate: a number, a list a,b or a slice lo:hi / :hi
+  kList,       ///< names: comma-separated as text, a JSON array of strings in args.json
 };
 
 struct Option {

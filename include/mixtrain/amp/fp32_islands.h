@@ -1,0 +1,40 @@
+#pragma once
+/// fp32 islands: named modules computed in fp32 while the rest of the model runs
+/// in fp16 or bf16 (Hugging Face's `_keep_in_fp32_modules`, as a precision
+/// option: PrecisionOptions::keep_fp32, `--keep-fp32`). The module boundary
+/// decides (mixtrain/module_scope.h), not parameter ownership: an attention
+/// score matmul or a residual add inside the module is in the island too.
+///
+/// - Emulated autocast (fp16 on a CPU, bf16 on a CPU; with islands bf16 is always
+///   emulated, which computes what autocast computes): an island's ops run in fp32
+///   on their inputs as they are, and their results are fp32, so the ops after
+///   the island see fp32 tensors and the usual promotion applies.
+/// - Master weights: an island's parameters stay fp32 (as norm layers'), and its
+///   ops compute in fp32 on the half/bf16 activations, returning the model's dtype.
+/// - Real CUDA autocast: not implemented yet; asking for islands there is an error.
+
+#include <string>
+#include <vector>
+
+namespace mixtrain::amp {
+
+/// RAII: while alive, this thread's emulation and master-weights modes keep the
+/// modules matching `patterns` in fp32. Nestable (the innermost applies).
+class Fp32Islands {
+ public:
+  explicit Fp32Islands(std::vector<std::string> patterns);
+  ~Fp32Islands();
+  Fp32Islands(const Fp32Islands&) = delete;
+  Fp32Islands& operator=(const Fp32Islands&) = delete;
+
+ private:
+  std::vector<std::string> patterns_;
+  const std::vector<std::string>* previous_;
+};
+
+/// The module paths of `model` (named_modules, the root left out) that `patterns`
+/// keep in fp32. Throws OptionError("keep_fp32") for an empty name, a pattern
+/// matching no module (naming the closest paths), or one matching every module.
+std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const std::vector<std::string>& module_paths);
+
+} // namespace mixtrain::amp

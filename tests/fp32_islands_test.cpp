@@ -1,0 +1,86 @@
+// fp32 islands: the module boundary decides (parameter-free ops inside a module
+// run in fp32 too), against hand-written references in the emulation; master
+// weights keep an island's parameters fp32; checkpoints restore islands; a name
+// that matches nothing is named with the closest module paths.
+#include "test_util.h"
+
+#include <mixtrain/mixtrain.h>
+
+namespace {
+
+using namespace mixtrain;
+
+torch::Tensor half_rounded(const torch::Tensor& t) { return t.to(torch::kHalf).to(torch::kFloat); }
+
+TEST(Fp32IslandsTest, AParameterFreeOpInsideAnIslandRunsInFp32AndTheOpsAfterItSeeFp32) {
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({8, 8}) * 3 + 0.1234567;  // values that half cannot hold exactly
+  const torch::Tensor ref_fp32 = torch::matmul(x, x.t());
+  const torch::Tensor ref_half = half_rounded(torch::matmul(half_rounded(x), half_rounded(x).t()));
+  ASSERT_FALSE(torch::equal(ref_fp32, ref_half));
+  torch::Tensor in_island, outside, after;
+  {
+    amp::ReducedPrecisionEmulation emulation(torch::kHalf);
+    amp::Fp32Islands islands({"encoder.*.attn"});
+    {
+      const ModuleScope layer("encoder.0");
+      const ModuleScope attn("attn");
+      EXPECT_EQ(current_module_path(), "encoder.0.attn");
+      in_island = torch::matmul(x, x.t());  // no parameter: the boundary alone puts it in the island
+      EXPECT_FALSE(amp::holds_reduced_result(in_island));
+    }
+    outside = torch::matmul(x, x.t());
+    EXPECT_TRUE(amp::holds_reduced_result(outside));
+    after = in_island + outside;  // fp32 + fp16 result: promotes to fp32
+    EXPECT_FALSE(amp::holds_reduced_result(after));
+  }
+  EXPECT_TRUE(torch::equal(in_island, ref_fp32));
+  EXPECT_TRUE(torch::equal(outside, ref_half));
+  EXPECT_TRUE(torch::equal(after, ref_fp32 + ref_half));
+}
+
+TEST(Fp32IslandsTest, PatternsMatchModulePathsAndBadNamesAreNamed) {
+  EXPECT_TRUE(module_path_matches("encoder.layers.*.mlp", "encoder.layers.3.mlp"));
+  EXPECT_TRUE(module_path_matches("encoder.layers.*.mlp", "encoder.layers.3.mlp.0"));
+  EXPECT_FALSE(module_path_matches("encoder.layers.*.mlp", "encoder.layers.3"));
+  EXPECT_FALSE(module_path_matches("conv", "conv_proj"));
+  const std::vector<std::string> paths{"conv_proj", "layers", "layers.0", "layers.0.mlp", "head"};
+  EXPECT_EQ(amp::check_islands({"conv_proj"}, paths), std::vector<std::string>{"conv_proj"});
+  EXPECT_THROW_WITH(amp::check_islands({"conv_prj"}, paths), "matches no module of the model (closest: conv_proj");
+  EXPECT_THROW_WITH(amp::check_islands({""}, paths), "an empty module name");
+  EXPECT_THROW_WITH(amp::check_islands({"*"}, paths), "matches every module of the model");
+}
+
+/// Linear(4, 8) -> ReLU -> Linear(8, 3): a Sequential runs its layers in scopes 0, 1, 2.
+Learner blob_learner() {
+  torch::manual_seed(3);
+  return Learner(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3)),
+                 data::DataLoaders::from_split({test::blobs(128), test::blobs(64, 3, 4, 2)}, 32, 1), cross_entropy(),
+                 LearnerOptions().progress(false));
+}
+
+TEST(Fp32IslandsTest, MasterWeightsKeepAnIslandsParametersFp32AndCheckpointsKeepTheIslands) {
+  Learner learn = blob_learner();
+  learn.set_precision(Precision::kBf16Master, PrecisionOptions().keep_fp32({"2"}));
+  const auto params = learn.model().module().named_parameters();
+  EXPECT_EQ(params["0.weight"].scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(params["2.weight"].scalar_type(), torch::kFloat);
+  EXPECT_EQ(params["2.bias"].scalar_type(), torch::kFloat);
+  learn.fit(1, 1e-2);
+  EXPECT_TRUE(std::isfinite(learn.recorder().values().back().valid_loss));
+  EXPECT_THROW_WITH(learn.set_precision(Precision::kFp16, PrecisionOptions().keep_fp32({"3"})),
+                    "keep_fp32(3) matches no module of the model (closest: ");
+
+  // fp16: the islands are part of the mode, and a checkpoint restores them.
+  Learner a = blob_learner();
+  a.set_precision(Precision::kFp16, PrecisionOptions().keep_fp32({"0"}));
+  a.fit(1, 1e-2);
+  const std::string path = test::scratch_dir("islands_ckpt") + "/ckpt.pt";
+  a.save(path);
+  Learner b = blob_learner();
+  b.set_precision(Precision::kFp16);
+  b.load(path);
+  EXPECT_EQ(b.get_cb<amp::MixedPrecision>()->keep_fp32(), std::vector<std::string>{"0"});
+}
+
+} // namespace
