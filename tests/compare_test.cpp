@@ -60,6 +60,7 @@ TEST_F(CompareTest, HealthyModelIsHealthyWithIdenticalStartsAndData) {
   EXPECT_TRUE(e.mixed->emulated);
   EXPECT_LT(std::abs(*e.gap_percent()), 10.0);
   EXPECT_FALSE(e.trace_start->first_overflow.has_value());
+  EXPECT_TRUE(d.trials.empty());  // a healthy model costs no trial
 }
 
 TEST_F(CompareTest, OverflowingLayerGivesForwardOverflowAndNamesIt) {
@@ -77,6 +78,31 @@ TEST_F(CompareTest, OverflowingLayerGivesForwardOverflowAndNamesIt) {
   EXPECT_NE(d.headline.find("fc1 (aten::addmm)"), std::string::npos) << d.headline;
   EXPECT_GT(d.evidence.mixed->scale.nonfinite_losses, 0);
   EXPECT_EQ(d.evidence.fp32->scale.nonfinite_losses, 0);
+  // The doctor tries its fixes: fc1 in fp32 still overflows, at fc2 (fc1's fp32 output
+  // is rounded to half there), so the next trial keeps both; that one is finite, but
+  // the stem's gradients, coming back through fc1's huge weights, overflow fp16 (as
+  // they would under real autocast): a gradient overflow. bf16 is what proves out.
+  ASSERT_EQ(d.trials.size(), 3u) << d.report();
+  EXPECT_EQ(d.trials[0].settings_in(api_words()), "PrecisionOptions().keep_fp32({\"fc1\"})");
+  EXPECT_EQ(d.trials[0].verdict, diagnose::Verdict::kForwardOverflow) << d.report();
+  EXPECT_EQ(d.trials[1].settings_in(api_words()), "PrecisionOptions().keep_fp32({\"fc1\", \"fc2\"})");
+  EXPECT_TRUE(d.trials[1].finite) << d.report();
+  EXPECT_EQ(d.trials[1].verdict, diagnose::Verdict::kGradientOverflow) << d.report();
+  EXPECT_EQ(d.trials[2].settings_in(api_words()), "to_bf16()");
+  EXPECT_TRUE(d.trials[2].proven()) << d.report();
+  ASSERT_EQ(d.proven_fix, std::optional<size_t>(2));
+  EXPECT_NE(d.report().find("proven fix: train in bf16"), std::string::npos) << d.report();
+  const auto j = nlohmann::json::parse(d.to_json(run::flag_words()));
+  EXPECT_EQ(j.at("proven_fix").at("flags"), "--precision bf16");
+  EXPECT_EQ(j.at("proven_fix").at("api"), "to_bf16()");
+  EXPECT_TRUE(j.at("proven_fix").at("gap_percent").is_number());
+  EXPECT_EQ(j.at("trials").size(), 3u);
+  EXPECT_LE(d.trials.size(), 4u);  // the default bound
+  const auto none = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-2).max_trials(0));
+  EXPECT_TRUE(none.trials.empty());
+  EXPECT_FALSE(none.proven_fix.has_value());
+  EXPECT_TRUE(nlohmann::json::parse(none.to_json()).at("proven_fix").is_null());
+  EXPECT_NE(none.report().find("fixes, in order"), std::string::npos);
 }
 
 TEST_F(CompareTest, TinyLossScaleGivesUnderflow) {

@@ -80,4 +80,30 @@ TEST(CudaTest, DataParallelOneRankOnCudaTensors) {
   EXPECT_LT(steps.back().smooth_loss, steps.front().loss);
 }
 
+// fp32 islands under real CUDA autocast: an island's matmul skips autocast (fp32),
+// the one outside runs in fp16, and a Learner with an island trains.
+TEST(CudaTest, Fp32IslandsSkipCudaAutocast) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no CUDA";
+  const torch::Tensor x = torch::randn({64, 64}, torch::kCUDA);
+  torch::Tensor in_island, outside;
+  {
+    amp::autocast guard(torch::kCUDA, torch::kHalf);
+    amp::Fp32Islands islands({"attn"});
+    {
+      const ModuleScope attn("attn");
+      in_island = torch::matmul(x, x.t());
+    }
+    outside = torch::matmul(x, x.t());
+  }
+  EXPECT_EQ(in_island.scalar_type(), torch::kFloat);
+  EXPECT_EQ(outside.scalar_type(), torch::kHalf);
+  Learner learn(torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3)),
+                data::DataLoaders::from_split({mixtrain::test::blobs(256), mixtrain::test::blobs(64, 3, 4, 2)}, 32, 1),
+                cross_entropy(), LearnerOptions().progress(false).device(torch::kCUDA));
+  learn.set_precision(Precision::kFp16, PrecisionOptions().keep_fp32({"2"}));
+  learn.fit(2, 1e-2);
+  EXPECT_TRUE(std::isfinite(learn.recorder().values().back().valid_loss));
+}
+
 } // namespace
+

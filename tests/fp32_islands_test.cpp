@@ -39,6 +39,29 @@ TEST(Fp32IslandsTest, AParameterFreeOpInsideAnIslandRunsInFp32AndTheOpsAfterItSe
   EXPECT_TRUE(torch::equal(after, ref_fp32 + ref_half));
 }
 
+// Real autocast (the CPU's bf16 here; CUDA's in cuda_test.cpp): our dispatcher key sits
+// above the Autocast keys, so an island's op skips autocast and computes in fp32.
+TEST(Fp32IslandsTest, UnderRealAutocastAnIslandsOpsSkipAutocast) {
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({8, 8}) + 0.1234567;
+  const torch::Tensor ref_fp32 = torch::mm(x, x.t());
+  torch::Tensor in_island, outside, after;
+  {
+    amp::autocast guard(torch::kCPU, torch::kBFloat16);
+    amp::Fp32Islands islands({"attn"});
+    {
+      const ModuleScope attn("attn");
+      in_island = torch::mm(x, x.t());
+    }
+    outside = torch::mm(x, x.t());
+    after = in_island + outside;
+  }
+  EXPECT_EQ(in_island.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(in_island, ref_fp32));
+  EXPECT_EQ(outside.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(after.scalar_type(), torch::kFloat);  // the usual promotion after the island
+}
+
 TEST(Fp32IslandsTest, PatternsMatchModulePathsAndBadNamesAreNamed) {
   EXPECT_TRUE(module_path_matches("encoder.layers.*.mlp", "encoder.layers.3.mlp"));
   EXPECT_TRUE(module_path_matches("encoder.layers.*.mlp", "encoder.layers.3.mlp.0"));
@@ -69,7 +92,7 @@ TEST(Fp32IslandsTest, MasterWeightsKeepAnIslandsParametersFp32AndCheckpointsKeep
   learn.fit(1, 1e-2);
   EXPECT_TRUE(std::isfinite(learn.recorder().values().back().valid_loss));
   EXPECT_THROW_WITH(learn.set_precision(Precision::kFp16, PrecisionOptions().keep_fp32({"3"})),
-                    "keep_fp32(3) matches no module of the model (closest: ");
+                    "keep_fp32({\"3\"}) matches no module of the model (closest: ");
 
   // fp16: the islands are part of the mode, and a checkpoint restores them.
   Learner a = blob_learner();

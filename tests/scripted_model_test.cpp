@@ -295,6 +295,23 @@ TEST(ScriptedCliTest, KeepingAnOverflowingPatchEmbeddingInFp32TrainsLikeFp32) {
   EXPECT_EQ(d["evidence"]["inputs"]["unnormalized"], false);
   for (const auto& fix : d["fixes"]) EXPECT_EQ(fix.get<std::string>().find("normalize"), std::string::npos) << fix;
   EXPECT_EQ(d["fixes"][0], "keep conv_proj in fp32 (--keep-fp32 conv_proj): its ops run in fp32 and the rest stays fp16");
+  // The doctor proves it: the first trial keeps conv_proj in fp32 and trains like fp32.
+  ASSERT_FALSE(d["proven_fix"].is_null()) << d.dump(1);
+  EXPECT_EQ(d["proven_fix"]["flags"], "--keep-fp32 conv_proj");
+  EXPECT_EQ(d["proven_fix"]["api"], "PrecisionOptions().keep_fp32({\"conv_proj\"})");
+  EXPECT_LT(std::abs(d["proven_fix"]["gap_percent"].get<double>()), 10.0);
+  EXPECT_EQ(d["trials"][0]["fix"], "keep conv_proj in fp32");
+  EXPECT_TRUE(d["trials"][0]["finite"].get<bool>());
+  EXPECT_LE(d["trials"].size(), 4u);
+  const std::string none = test::scratch_dir("byo_vit_no_trials");
+  const auto quick = run_cli("doctor --model " + file("vit_patch_overflow.pt") + " --data " + file("stripes_data.pt") +
+                             " --bs 32 --threads 1 --no-trials --out " + none);
+  EXPECT_EQ(quick.code, 1) << quick.err;
+  const auto q = nlohmann::json::parse(test::slurp(none + "/diagnosis.json"));
+  EXPECT_TRUE(q["trials"].empty());
+  EXPECT_TRUE(q["proven_fix"].is_null());
+  expect_usage_error("doctor --max-trials -1", "invalid --max-trials -1: must be >= 0");
+  expect_usage_error("train --no-trials", "mixtrain train does not take --no-trials (doctor does)");
 
   const std::string fp32 = test::scratch_dir("byo_vit_fp32"), fp16 = test::scratch_dir("byo_vit_fp16"),
                     island = test::scratch_dir("byo_vit_island");

@@ -7,6 +7,7 @@
 #include "mixtrain/module_scope.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/nn/module.h>
 #include <torch/library.h>
 
 #include <ATen/ATen.h>
@@ -26,13 +27,25 @@ namespace {
 thread_local int emulation_depth = 0;
 thread_local int norms_depth = 0;
 thread_local int trace_depth = 0;
+thread_local int islands_depth = 0;
 thread_local OpObserver* observer = nullptr;
 thread_local bool inside_traced_op = false;
 thread_local const std::vector<std::string>* islands = nullptr;  // fp32 islands' module patterns
 
-/// Whether the running op belongs to a module kept in fp32.
-bool in_island() {
+thread_local const std::unordered_set<const void*>* island_params = nullptr;
+
+/// Whether the running op (its `n_args` arguments on top of `stack`) belongs to a
+/// module kept in fp32: by the module boundary, or by taking one of its parameters.
+bool in_island(const torch::jit::Stack* stack, std::ptrdiff_t n_args) {
   if (islands == nullptr || islands->empty()) return false;
+  if (island_params && !island_params->empty())
+    for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
+      if (!it->isTensor() || !it->toTensor().defined()) continue;
+      const at::Tensor& t = it->toTensor();
+      // A weight often arrives as a view (linear's weight.t()): its base is the parameter.
+      if (island_params->count(t.unsafeGetTensorImpl()) || (t.is_view() && island_params->count(t._base().unsafeGetTensorImpl())))
+        return true;
+    }
   const std::string path = current_module_path();
   for (const auto& pattern : *islands)
     if (module_path_matches(pattern, path)) return true;
@@ -44,6 +57,7 @@ int& depth(Mode mode) {
     case Mode::kReducedPrecisionEmulation: return emulation_depth;
     case Mode::kFp32Norms: return norms_depth;
     case Mode::kOpTrace: break;
+    case Mode::kFp32Islands: return islands_depth;
   }
   return trace_depth;
 }
@@ -269,7 +283,7 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     // (libtorch's CPU ops reject mixed dtypes) and returns the model's dtype.
     const bool norm = is_norm(name) && is_reduced(*(stack->end() - n_args));
     std::optional<at::ScalarType> reduced;
-    if (!norm && in_island())
+    if (!norm && in_island(stack, n_args))
       for (auto it = stack->end() - n_args; it != stack->end() && !reduced; ++it)
         if (is_reduced(*it)) reduced = it->toTensor().scalar_type();
     if (norm || reduced) {
@@ -285,7 +299,7 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       return true;
     }
   }
-  if (emulation_depth > 0 && in_island()) {
+  if (emulation_depth > 0 && in_island(stack, n_args)) {
     // An fp32 island under emulated autocast: the op runs in fp32 on its inputs as
     // they are (an fp16 result is its fp32 value), and its result is fp32: the ops
     // after the island see an fp32 tensor, and the usual promotion applies there.
@@ -294,6 +308,26 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     return false;
   }
   if (emulation_depth > 0) return emulate_op(op, below, stack, raw_outputs);
+  if (islands_depth > 0 && in_island(stack, n_args)) {
+    // An fp32 island under real autocast (CUDA, or the CPU's): our key sits above the
+    // Autocast keys, so the op can skip them: its half/bf16 inputs are cast to fp32
+    // and it computes in fp32; the ops after the island see fp32 results.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
+    for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
+      if (is_reduced(*it)) {
+        *it = it->toTensor().to(at::kFloat);
+      } else if (it->isTensorList()) {
+        std::vector<at::Tensor> ts = it->toTensorVector();
+        for (auto& t : ts)
+          if (t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) t = t.to(at::kFloat);
+        *it = ts;
+      }
+    }
+    const auto no_autocast_keys = below.remove(c10::DispatchKey::AutocastCPU).remove(c10::DispatchKey::AutocastCUDA);
+    op.redispatchBoxed(no_autocast_keys, stack);
+    if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
+    return false;
+  }
   op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
   if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
   // Under real autocast (a GPU), the result's dtype says it.
@@ -345,6 +379,12 @@ DispatchModeGuard::DispatchModeGuard(Mode mode) : mode_(mode), include_((registe
 }
 DispatchModeGuard::~DispatchModeGuard() { --depth(mode_); }
 
+const std::unordered_set<const void*>* set_island_params(const std::unordered_set<const void*>* params) {
+  const std::unordered_set<const void*>* previous = island_params;
+  island_params = params;
+  return previous;
+}
+
 const std::vector<std::string>* set_islands(const std::vector<std::string>* patterns) {
   const std::vector<std::string>* previous = islands;
   islands = patterns;
@@ -363,10 +403,22 @@ bool mode_active(Mode mode) { return depth(mode) > 0 && c10::impl::tls_is_dispat
 
 namespace mixtrain::amp {
 
-Fp32Islands::Fp32Islands(std::vector<std::string> patterns)
-    : patterns_(std::move(patterns)), previous_(detail::set_islands(&patterns_)) {}
+Fp32Islands::Fp32Islands(std::vector<std::string> patterns, torch::nn::Module* model) : patterns_(std::move(patterns)) {
+  if (model)
+    for (const auto& item : model->named_modules("", /*include_self=*/false))
+      for (const auto& pattern : patterns_)
+        if (module_path_matches(pattern, item.key()))
+          for (const auto& p : item.value()->parameters(/*recurse=*/true)) params_.insert(p.unsafeGetTensorImpl());
+  previous_ = detail::set_islands(&patterns_);
+  previous_params_ = detail::set_island_params(&params_);
+  mode_ = std::make_shared<detail::DispatchModeGuard>(detail::Mode::kFp32Islands);
+}
 
-Fp32Islands::~Fp32Islands() { detail::set_islands(previous_); }
+Fp32Islands::~Fp32Islands() {
+  mode_.reset();
+  detail::set_islands(previous_);
+  detail::set_island_params(previous_params_);
+}
 
 std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const std::vector<std::string>& paths) {
   std::vector<std::string> kept;

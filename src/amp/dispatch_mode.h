@@ -11,15 +11,18 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace mixtrain::amp::detail {
 
-enum class Mode { kReducedPrecisionEmulation, kFp32Norms, kOpTrace };
+enum class Mode { kReducedPrecisionEmulation, kFp32Norms, kOpTrace, kFp32Islands };
 
 /// Installs the fp32 islands' module patterns for this thread (nullptr removes
 /// them); returns the previous ones. The emulation and master weights' fp32 mode read them.
 const std::vector<std::string>* set_islands(const std::vector<std::string>* patterns);
+/// The parameters of the islands' modules (by TensorImpl), for ops no scope names.
+const std::unordered_set<const void*>* set_island_params(const std::unordered_set<const void*>* params);
 
 /// Installs the observer for this thread (nullptr removes it); returns the previous one.
 OpObserver* set_op_observer(OpObserver* observer);

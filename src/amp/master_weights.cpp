@@ -187,7 +187,7 @@ void MasterWeights::before_batch(Learner& learn) {
   to_model_dtype(learn.batch().x);
   for (auto& x : learn.batch().extra_x) to_model_dtype(x);
   norm_mode_ = std::make_shared<detail::DispatchModeGuard>(detail::Mode::kFp32Norms);
-  if (!options_.keep_fp32().empty()) islands_ = std::make_shared<Fp32Islands>(options_.keep_fp32());
+  if (!options_.keep_fp32().empty()) islands_ = std::make_shared<Fp32Islands>(options_.keep_fp32(), &learn.model().module());
 }
 
 void MasterWeights::after_pred(Learner& learn) {

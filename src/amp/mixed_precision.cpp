@@ -65,11 +65,7 @@ void MixedPrecision::prepare_for(Learner& learn) {
   // Decided once per device: before_validate asks again at every epoch of a fit.
   if (prepared_for_ == learn.device()) return;
   emulated_ = check_precision_supported(dtype_, learn.device(), allow_fp16_emulation_);
-  if (!keep_fp32_.empty()) {
-    TORCH_CHECK(!learn.device().is_cuda(), "fp32 islands (keep_fp32) under real CUDA autocast are not implemented yet; "
-                                           "they work with the CPU's emulated fp16 and bf16");
-    emulated_ = emulated_ || dtype_ != c10::ScalarType::Float;  // islands are an emulation rule: bf16 on a CPU too
-  }
+
   device_type_ = learn.device().type();
   prepared_for_ = learn.device();
 }
@@ -82,8 +78,8 @@ void MixedPrecision::before_validate(Learner& learn) { prepare_for(learn); }
 
 std::string MixedPrecision::mode_tag() const { return std::string("mixed_precision:") + c10::toString(dtype_); }
 
-void MixedPrecision::before_batch(Learner&) {
-  if (emulated_ && !keep_fp32_.empty()) islands_.emplace(keep_fp32_);
+void MixedPrecision::before_batch(Learner& learn) {
+  if (!keep_fp32_.empty() && dtype_ != c10::ScalarType::Float) islands_.emplace(keep_fp32_, &learn.model().module());
   if (emulated_)
     emulation_.emplace(dtype_);
   else if (dtype_ != c10::ScalarType::Float)

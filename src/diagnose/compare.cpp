@@ -4,6 +4,7 @@
 
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/precision_callback.h"
+#include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
@@ -14,6 +15,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
 #include <numeric>
 
 namespace mixtrain::diagnose {
@@ -48,6 +53,13 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
 
 namespace {
 
+/// A scale as a trial's setting writes it: "256", "1.049e+06".
+std::string format_trial_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4g", v);
+  return buf;
+}
+
 void fit(Learner& learn, const CompareOptions& o) {
   torch::manual_seed(o.seed());  // dropout and anything else drawing from the global generator
   if (o.one_cycle())
@@ -60,6 +72,163 @@ void fit(Learner& learn, const CompareOptions& o) {
 /// shuffled order (drawing from the loader would change the runs' data order).
 data::Batch probe_batch(Learner& learn) {
   return data::Batch::head_of(learn.dls().train.dataset(), std::max<int64_t>(1, learn.dls().train.options().batch_size()));
+}
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    out.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
+  return out;
+}
+
+struct Candidate {
+  Phrase fix;
+  std::vector<Setting> settings;
+};
+
+/// The mixed run again with `c`'s settings, from the same initial weights, seed and
+/// data order, judged against the baseline by the verdict's rules (finite losses,
+/// skips, the gap; no traces: what the trial itself did decides). `next_overflow`
+/// receives the module where a trial's forward pass still overflows, if any.
+Trial run_trial(const LearnerFactory& make_learner, const CompareOptions& o, const std::vector<torch::Tensor>& initial,
+                const Evidence& measured, const Candidate& c, std::string* next_overflow) {
+  CompareOptions t = o;
+  double clip = 0;
+  for (const auto& st : c.settings) {
+    if (st.key == "keep_fp32") t.keep_fp32(split_names(st.value));
+    if (st.key == "init_scale") t.scaler().init_scale(std::stod(st.value));
+    if (st.key == "growth_interval") t.scaler().growth_interval(std::stoll(st.value));
+    if (st.key == "clip") clip = std::stod(st.value);
+    if (st.key == "precision") t.precision(parse_precision(st.value));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  torch::manual_seed(o.seed());
+  std::unique_ptr<Learner> learn = make_learner();
+  {
+    const auto state = learn->model().state_tensors();
+    for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
+  }
+  learn->set_precision(t.precision(), PrecisionOptions()
+                                          .scaler(t.scaler())
+                                          .allow_fp16_emulation(t.allow_fp16_emulation())
+                                          .keep_fp32(t.keep_fp32()));
+  while (auto warning = learn->get_cb<FitWarning>()) learn->remove_cb(warning);
+  if (clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(clip));
+  if (next_overflow && t.precision() == Precision::kFp16) {
+    const OverflowTrace trace = trace_overflow(*learn, probe_batch(*learn));
+    if (trace.first_overflow) *next_overflow = trace.first_overflow->island();
+  }
+  fit(*learn, t);
+  Trial r;
+  r.fix = c.fix;
+  r.settings = c.settings;
+  r.run = summarize_run(*learn, precision_name(t.precision()));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Evidence e;
+  e.fp32 = measured.fp32;
+  e.mixed = r.run;
+  r.finite = r.run.scale.nonfinite_losses == 0 && std::isfinite(r.run.final_loss);
+  r.skipped = r.run.scale.skipped;
+  r.gap_percent = e.gap_percent();
+  r.verdict = decide(std::move(e)).verdict;
+  return r;
+}
+
+/// The candidates a verdict calls for, from what was measured.
+std::vector<Candidate> candidates_for(const Diagnosis& d, const CompareOptions& o) {
+  std::vector<Candidate> out;
+  const Evidence& e = d.evidence;
+  const Phrase bf16 = "train in bf16";
+  const Candidate to_bf16{bf16, {{"precision", "bf16"}}};
+  const bool fp16 = o.precision() == Precision::kFp16;
+  if (d.verdict == Verdict::kForwardOverflow) {
+    const OpFinding* f = e.trace_start && e.trace_start->first_overflow ? &*e.trace_start->first_overflow
+                         : e.trace_end && e.trace_end->first_overflow   ? &*e.trace_end->first_overflow
+                                                                        : nullptr;
+    if (f && !f->island().empty()) out.push_back({"keep " + f->island() + " in fp32", {{"keep_fp32", f->island()}}});
+    if (fp16) out.push_back(to_bf16);
+  } else if (d.verdict == Verdict::kGradientOverflow) {
+    const double start = e.mixed ? e.mixed->scale.initial_scale : 65536;
+    const double lower = std::max(1.0, std::min(256.0, start / 256));
+    out.push_back({"start the scaler lower", {{"init_scale", format_trial_number(lower)}}});
+    out.push_back({"clip gradients", {{"clip", "1"}}});
+    if (fp16) out.push_back(to_bf16);
+    if (e.gradients && !e.gradients->params.empty() && e.gradients->overflow > 0) {
+      const std::string& p = e.gradients->params.front().name;
+      const std::string module = p.substr(0, p.rfind('.') == std::string::npos ? 0 : p.rfind('.'));
+      if (!module.empty()) out.push_back({"keep " + module + " in fp32", {{"keep_fp32", module}}});
+    }
+  } else if (d.verdict == Verdict::kUnderflow) {
+    const double now = e.gradients ? e.gradients->scale : e.mixed ? e.mixed->scale.final_scale : 65536;
+    double safe = 65536;
+    if (e.gradients) {
+      double largest = 0;
+      for (const auto& p : e.gradients->params) largest = std::max(largest, p.max_abs);
+      if (std::isfinite(largest) && largest > 0)
+        safe = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
+    }
+    if (fp16) out.push_back({"raise the loss scale", {{"init_scale", format_trial_number(std::max(safe, 4 * now))}}});
+    if (fp16) out.push_back({"grow the scale sooner", {{"growth_interval", "100"}}});
+    if (fp16) out.push_back(to_bf16);
+  }
+  return out;
+}
+
+void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOptions& o,
+               const std::vector<torch::Tensor>& initial) {
+  if (o.max_trials() <= 0 || d.healthy() || d.verdict == Verdict::kUnsupported || d.verdict == Verdict::kBrokenInFp32)
+    return;
+  std::vector<Candidate> queue = candidates_for(d, o);
+  // Islands grow while a trial still overflows elsewhere, up to the trial budget.
+  for (size_t i = 0; i < queue.size() && static_cast<int64_t>(d.trials.size()) < o.max_trials(); ++i) {
+    const Candidate c = queue[i];
+    const bool island = !c.settings.empty() && c.settings[0].key == "keep_fp32";
+    std::string next;
+    std::cout << "doctor: trial " << d.trials.size() + 1 << ": " << c.fix.str() << std::endl;
+    try {
+      d.trials.push_back(run_trial(make_learner, o, initial, d.evidence, c, island ? &next : nullptr));
+    } catch (const std::exception& e) {  // a fix this model cannot take: the trial failed, and says why
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      std::string why = c10_error ? c10_error->what_without_backtrace() : e.what();
+      // torch's TorchScript errors end with the failing op's own "RuntimeError: ..." line.
+      const size_t cause = why.rfind("RuntimeError: ");
+      if (cause != std::string::npos) why = why.substr(cause + 14);
+      Trial failed;
+      failed.fix = c.fix;
+      failed.settings = c.settings;
+      failed.error = mixtrain::detail::first_line(why);
+      failed.verdict = d.verdict;
+      d.trials.push_back(std::move(failed));
+      std::cout << "doctor: trial failed: " << d.trials.back().error << std::endl;
+      continue;
+    }
+    const Trial& t = d.trials.back();
+    if (island && !t.proven() && !next.empty()) {
+      std::vector<std::string> names = split_names(c.settings[0].value);
+      if (std::find(names.begin(), names.end(), next) == names.end()) {
+        names.push_back(next);
+        queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                     Candidate{"keep " + joined(names) + " in fp32", {{"keep_fp32", joined(names)}}});
+      }
+    }
+  }
+  // The best proven fix: the smallest gap to fp32 among the healthy trials.
+  for (size_t i = 0; i < d.trials.size(); ++i) {
+    const Trial& t = d.trials[i];
+    if (!t.proven()) continue;
+    const double gap = t.gap_percent ? std::abs(*t.gap_percent) : 0;
+    if (!d.proven_fix || gap < (d.trials[*d.proven_fix].gap_percent ? std::abs(*d.trials[*d.proven_fix].gap_percent) : 0))
+      d.proven_fix = i;
+  }
 }
 
 } // namespace
@@ -126,7 +295,9 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     auto pc = mixed->precision_cb();
     ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
   }
-  return decide(std::move(ev));
+  Diagnosis d = decide(std::move(ev));
+  try_fixes(d, make_learner, o, initial);
+  return d;
 }
 
 Diagnosis compare(const LearnerFactory& make_learner, int64_t epochs, double lr) {

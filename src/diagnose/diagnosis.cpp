@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 namespace mixtrain::diagnose {
@@ -28,6 +29,13 @@ namespace {
 using detail::short_number;
 
 std::string pct(double fraction) { return short_number(100 * fraction, 3) + "%"; }
+
+/// A proven fix in the library's words: the calls, joined.
+std::string api_of(const Trial& t) {
+  std::string out;
+  for (const auto& st : t.settings) out += (out.empty() ? "" : "; ") + api_words().setting(st.key, st.value);
+  return out;
+}
 
 /// The loss both runs are compared on: validation when both have one, else train.
 std::pair<double, double> compared_losses(const RunEvidence& a, const RunEvidence& b) {
@@ -395,7 +403,28 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
                     {"findings", e.inputs->findings}};
   nlohmann::json j{{"verdict", to_string(verdict)}, {"headline", headline}, {"findings", phrases_json(findings, words)},
                    {"evidence", ev}, {"fixes", phrases_json(fixes, words)}};
+  j["trials"] = nlohmann::json::array();
+  auto trial_json = [&](const Trial& t) {
+    return nlohmann::json{{"fix", t.fix.str(words)},
+                          {"flags", t.settings_in(words)},
+                          {"api", api_of(t)},
+                          {"finite", t.finite},
+                          {"skipped", t.skipped},
+                          {"gap_percent", t.gap_percent ? nlohmann::json(*t.gap_percent) : nlohmann::json(nullptr)},
+                          {"seconds", t.seconds},
+                          {"verdict", to_string(t.verdict)},
+                          {"error", t.error.empty() ? nlohmann::json(nullptr) : nlohmann::json(t.error)},
+                          {"proven", t.proven()}};
+  };
+  for (const auto& t : trials) j["trials"].push_back(trial_json(t));
+  j["proven_fix"] = proven_fix ? trial_json(trials[*proven_fix]) : nlohmann::json(nullptr);
   return j.dump(2) + "\n";
+}
+
+std::string Trial::settings_in(const OptionWords& words) const {
+  std::string out;
+  for (const auto& st : settings) out += (out.empty() ? "" : " ") + words.setting(st.key, st.value);
+  return out;
 }
 
 std::string Diagnosis::report(const OptionWords& words) const {
@@ -410,6 +439,26 @@ std::string Diagnosis::report(const OptionWords& words) const {
   } else {
     out << "fixes, in order:\n";
     for (size_t i = 0; i < fixes.size(); ++i) out << "  " << i + 1 << ". " << fixes[i].str(words) << "\n";
+  }
+  if (!trials.empty()) {
+    out << "trials (each the mixed run again with one fix, same weights, seed and data order):\n";
+    char line[512];
+    std::snprintf(line, sizeof(line), "  %-44s %-8s %-8s %-9s %s\n", "fix", "finite", "skipped", "gap", "seconds");
+    out << line;
+    for (const auto& t : trials) {
+      const std::string gap = t.gap_percent ? short_number(*t.gap_percent, 3) + "%" : "-";
+      std::snprintf(line, sizeof(line), "  %-44s %-8s %-8lld %-9s %.1f  %s\n", t.settings_in(words).c_str(),
+                    t.finite ? "yes" : "no", static_cast<long long>(t.skipped), gap.c_str(), t.seconds,
+                    t.proven() ? "proven" : !t.error.empty() ? ("failed: " + t.error).c_str() : to_string(t.verdict));
+      out << line;
+    }
+    if (proven_fix) {
+      const Trial& t = trials[*proven_fix];
+      out << "proven fix: " << t.fix.str(words) << "\n  flags: " << t.settings_in(words) << "\n  library: " << api_of(t)
+          << "\n";
+    } else {
+      out << "proven fix: none: no trial trained like fp32 by the verdict's rules\n";
+    }
   }
   return out.str();
 }

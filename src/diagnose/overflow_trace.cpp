@@ -4,6 +4,8 @@
 
 #include "diagnostic_pass.h"
 #include "mixtrain/amp/autocast.h"
+#include "mixtrain/amp/fp32_islands.h"
+#include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/op_trace.h"
 #include "mixtrain/learner.h"
@@ -148,6 +150,9 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
       autocast.emplace(c10::DeviceType::CUDA, torch::kHalf);
     else
       emulation.emplace();
+    // The learner's fp32 islands apply to the traced pass as they do to training.
+    std::optional<amp::Fp32Islands> islands;
+    if (const auto mp = learn.get_cb<amp::MixedPrecision>(); mp && !mp->keep_fp32().empty()) islands.emplace(mp->keep_fp32(), &module);
     amp::OpTraceScope observe(&tracer);
     torch::Tensor pred = learn.model().forward(b.inputs());
     autocast.reset();

@@ -15,7 +15,7 @@ std::vector<double> steps_axis(size_t n) {
 }
 } // namespace
 
-std::string loss_curves_svg(const Evidence& e) {
+std::string loss_curves_svg(const Evidence& e, const std::vector<Trial>& trials) {
   std::vector<PlotSeries> series;
   // The mixed run is dashed: in a healthy run it lies on the fp32 line and would hide it.
   auto add = [&](const RunEvidence& r, const std::string& color, const std::string& faint, bool dashed) {
@@ -25,6 +25,11 @@ std::string loss_curves_svg(const Evidence& e) {
   };
   if (e.fp32) add(*e.fp32, "#1f77b4", "#c6dbef", false);
   if (e.mixed) add(*e.mixed, "#ff7f0e", "#fdd0a2", true);
+  static const char* kTrialColors[] = {"#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"};
+  for (size_t i = 0; i < trials.size(); ++i)
+    series.push_back({"trial " + std::to_string(i + 1) + ": " + trials[i].fix.str() + (trials[i].proven() ? " (proven)" : ""),
+                      steps_axis(trials[i].run.smooth_losses.size()), trials[i].run.smooth_losses, kTrialColors[i % 6], true,
+                      false, false});
   std::string title = "Training loss: fp32 vs " + (e.mixed ? e.mixed->precision : std::string("mixed precision"));
   if (auto gap = e.gap_percent()) {
     char buf[64];

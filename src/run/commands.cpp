@@ -276,12 +276,13 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
                                                 .scaler(r.precision_options.scaler())
                                                 .allow_fp16_emulation(r.precision_options.allow_fp16_emulation())
                                                 .keep_fp32(r.precision_options.keep_fp32())
+                                                .max_trials(a.no_trials ? 0 : a.max_trials)
                                                 .seed(r.seed));
 
   write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
   std::vector<std::string> written{folder.file("diagnosis.json")};
   if (d.evidence.fp32 || d.evidence.mixed) {
-    write_file_atomically(folder.file("loss.svg"), diagnose::loss_curves_svg(d.evidence));
+    write_file_atomically(folder.file("loss.svg"), diagnose::loss_curves_svg(d.evidence, d.trials));
     written.push_back(folder.file("loss.svg"));
   }
   if (d.evidence.mixed && d.evidence.mixed->scale.has_scale) {

@@ -307,6 +307,12 @@ std::vector<Option> make_table() {
           .field<double>([](RunArgs& a) -> double& { return a.lr_find.end_lr(); }));
   add(Def("num_it", "--num-it", ValueType::kInt, kL, "Steps of the sweep")
           .field<int64_t>([](RunArgs& a) -> int64_t& { return a.lr_find.num_it(); }));
+  add(Def("max_trials", "--max-trials", ValueType::kInt, kD,
+          "After a problem verdict, try at most N candidate fixes, each one more mixed run from the same weights, seed "
+          "and data order, and name the best proven one")
+          .field<int64_t>(MIXTRAIN_ARGS(max_trials)));
+  add(Def("no_trials", "--no-trials", ValueType::kSwitch, kD, "Try no fixes: the verdict and its fixes only")
+          .no_default().field<bool>(MIXTRAIN_ARGS(no_trials)));
   // Testing aids (mixtrain/testing.h), hidden from help.
   add(Def("interrupt_at_step", "--interrupt-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(interrupt_at_step)));
   add(Def("abort_at_step", "--abort-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(abort_at_step)));
@@ -408,6 +414,7 @@ void validate(const RunArgs& args, Command command) {
       throw OptionError("comm_dtype", "invalid " + Phrase::name("comm_dtype") + " '" + r.comm_dtype + "' (choices: fp32, fp16)");
     check_option(args.timeout > 0 && std::isfinite(args.timeout), "timeout", format_number(args.timeout), "must be > 0");
   }
+  if (command == Command::kDoctor) at_least("max_trials", args.max_trials, 0);
   if (command == Command::kLrFind) {
     const LrFindOptions& o = args.lr_find;
     check_option(o.start_lr() > 0 && std::isfinite(o.start_lr()), "start_lr", format_number(o.start_lr()), "must be > 0");

@@ -5,16 +5,21 @@
 /// decides (mixtrain/module_scope.h), not parameter ownership: an attention
 /// score matmul or a residual add inside the module is in the island too.
 ///
-/// - Emulated autocast (fp16 on a CPU, bf16 on a CPU; with islands bf16 is always
-///   emulated, which computes what autocast computes): an island's ops run in fp32
-///   on their inputs as they are, and their results are fp32, so the ops after
-///   the island see fp32 tensors and the usual promotion applies.
+/// - Emulated autocast (fp16 on a CPU, bf16 on a CPU without bf16 units): an
+///   island's ops run in fp32 on their inputs as they are, and their results are
+///   fp32, so the ops after the island see fp32 tensors and the usual promotion applies.
+/// - Real autocast (CUDA, a CPU's bf16): the dispatcher mode sits above the Autocast
+///   keys, so an island's op skips them: its half/bf16 inputs are cast to fp32 and it
+///   computes in fp32, with the same result rule.
 /// - Master weights: an island's parameters stay fp32 (as norm layers'), and its
 ///   ops compute in fp32 on the half/bf16 activations, returning the model's dtype.
-/// - Real CUDA autocast: not implemented yet; asking for islands there is an error.
 
+#include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
+
+namespace torch::nn { class Module; }
 
 namespace mixtrain::amp {
 
@@ -22,14 +27,20 @@ namespace mixtrain::amp {
 /// modules matching `patterns` in fp32. Nestable (the innermost applies).
 class Fp32Islands {
  public:
-  explicit Fp32Islands(std::vector<std::string> patterns);
+  /// `model`, when given, adds parameter ownership: an op that takes a parameter
+  /// of a matching module is in the island even where no scope names it (a C++
+  /// module whose forward opens no ModuleScope).
+  explicit Fp32Islands(std::vector<std::string> patterns, torch::nn::Module* model = nullptr);
   ~Fp32Islands();
   Fp32Islands(const Fp32Islands&) = delete;
   Fp32Islands& operator=(const Fp32Islands&) = delete;
 
  private:
   std::vector<std::string> patterns_;
+  std::unordered_set<const void*> params_;
   const std::vector<std::string>* previous_;
+  const std::unordered_set<const void*>* previous_params_;
+  std::shared_ptr<void> mode_;  // includes the dispatcher key the islands' ops are caught on
 };
 
 /// The module paths of `model` (named_modules, the root left out) that `patterns`

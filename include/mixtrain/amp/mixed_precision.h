@@ -55,9 +55,8 @@ class MixedPrecision : public PrecisionCallback {
   std::string mode_tag() const override;
   /// The scaler (disabled for bf16).
   GradScaler& scaler() { return scaler_; }
-  /// Keeps the modules matching `patterns` in fp32 (mixtrain/amp/fp32_islands.h).
-  /// With islands, bf16 on a CPU is emulated (the islands need the emulation);
-  /// on CUDA they are an error at the next fit (not implemented there yet).
+  /// Keeps the modules matching `patterns` in fp32 (mixtrain/amp/fp32_islands.h),
+  /// under emulated and real autocast alike.
   MixedPrecision& keep_fp32(std::vector<std::string> patterns) {
     keep_fp32_ = std::move(patterns);
     prepared_for_.reset();

@@ -42,10 +42,21 @@ struct CompareOptions {
   TORCH_ARG(uint64_t, seed) = 42;
   /// fit_one_cycle (fastai's default) or a constant-lr fit.
   TORCH_ARG(bool, one_cycle) = true;
+  /// After a problem verdict, try at most this many candidate fixes (0: none).
+  /// Each trial costs one mixed run; a healthy model costs none.
+  TORCH_ARG(int64_t, max_trials) = 4;
 };
 
 /// Runs the pair and decides. The Learners' Recorders hold the full histories;
-/// the evidence keeps per-step losses, scales and skips for plotting.
+/// the evidence keeps per-step losses, scales and skips for plotting. After a
+/// problem verdict (forward_overflow, gradient_overflow, underflow) it tries up to
+/// max_trials candidate fixes, each a mixed run from the same initial weights,
+/// seed and data order, judged by the same rules, and names the best proven one:
+/// - forward_overflow: keep the overflowing module in fp32 (adding the next
+///   overflowing module while a trial still overflows), then bf16;
+/// - gradient_overflow: a lower initial scale, gradient clipping, bf16, an fp32
+///   island for the layer whose gradients overflow;
+/// - underflow: a higher initial scale, a shorter growth interval, bf16.
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& options = {});
 /// The same with the common arguments.
 Diagnosis compare(const LearnerFactory& make_learner, int64_t epochs, double lr);

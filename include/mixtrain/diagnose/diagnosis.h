@@ -82,17 +82,44 @@ struct Evidence {
   std::optional<double> gap_percent() const;
 };
 
+/// One option setting a trial changes, by the run configuration's key ("keep_fp32", "conv_proj").
+struct Setting {
+  std::string key, value;
+};
+
+/// A candidate fix, tried: the mixed run again with the fix's settings, from the
+/// same initial weights, seed and data order, judged by the same rules as the verdict.
+struct Trial {
+  Phrase fix;                     ///< "keep conv_proj in fp32"
+  std::vector<Setting> settings;  ///< what it changes
+  RunEvidence run;                ///< its mixed run
+  bool finite = false;            ///< no NaN/inf loss
+  int64_t skipped = 0;            ///< optimizer steps skipped
+  std::optional<double> gap_percent;  ///< its loss against fp32's, as the verdict's gap
+  double seconds = 0;
+  Verdict verdict = Verdict::kHealthy;  ///< what the rules say of it (healthy: proven)
+  std::string error;                     ///< non-empty: the trial could not run, and why
+  bool proven() const { return error.empty() && verdict == Verdict::kHealthy; }
+  /// The settings in `words`: "--keep-fp32 conv_proj --init-scale 256".
+  std::string settings_in(const OptionWords& words) const;
+};
+
 struct Diagnosis {
   Verdict verdict = Verdict::kHealthy;
   std::string headline;               ///< one line: the verdict in words
   std::vector<Phrase> findings;       ///< what was measured, most telling first
   std::vector<Phrase> fixes;          ///< most targeted first; empty when healthy
   Evidence evidence;
+  /// The candidate fixes tried after a problem verdict (diagnose::compare), in order.
+  std::vector<Trial> trials;
+  /// The best proven trial (healthy, smallest gap), or none: then nothing was proven.
+  std::optional<size_t> proven_fix;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
   /// A short, readable report (what `mixtrain doctor` prints), options named in `words`.
   std::string report(const OptionWords& words = api_words()) const;
-  /// {"verdict", "headline", "findings", "evidence", "fixes"} as JSON text, options named in `words`.
+  /// {"verdict", "headline", "findings", "evidence", "fixes", "trials", "proven_fix"} as JSON
+  /// text, options named in `words` (proven_fix also has "api", the library's words).
   std::string to_json(const OptionWords& words = api_words()) const;
 };
 

@@ -11,7 +11,8 @@
 namespace mixtrain::diagnose {
 
 /// fp32 and mixed-precision loss per step (smoothed, with the raw losses faint).
-std::string loss_curves_svg(const Evidence& evidence);
+/// With `trials`, their mixed runs too (thin lines, one color each).
+std::string loss_curves_svg(const Evidence& evidence, const std::vector<Trial>& trials = {});
 /// The mixed run's loss scale per step on a log2 axis, skipped steps marked in red.
 std::string scale_history_svg(const RunEvidence& run);
 

@@ -40,6 +40,8 @@ struct RunArgs {
   bool force = false;           ///< start over in a folder that holds checkpoints
   double timeout = 60;          ///< data parallel: seconds to wait for the other ranks
   LrFindOptions lr_find;        ///< the sweep's range and length (lr_find)
+  int64_t max_trials = 4;       ///< doctor: candidate fixes tried after a problem verdict
+  bool no_trials = false;       ///< doctor: try none
   int64_t interrupt_at_step = -1;        ///< testing aid: raise SIGINT after this training step
   int64_t abort_at_step = -1;            ///< testing aid: the last rank aborts after this step
   int64_t inject_overflow_at_step = -1;  ///< testing aid: the last rank's gradients get an inf here
