@@ -169,13 +169,7 @@ std::vector<Candidate> candidates_for(const Diagnosis& d, const CompareOptions& 
     }
   } else if (d.verdict == Verdict::kUnderflow) {
     const double now = e.gradients ? e.gradients->scale : e.mixed ? e.mixed->scale.final_scale : 65536;
-    double safe = 65536;
-    if (e.gradients) {
-      double largest = 0;
-      for (const auto& p : e.gradients->params) largest = std::max(largest, p.max_abs);
-      if (std::isfinite(largest) && largest > 0)
-        safe = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
-    }
+    const double safe = e.gradients ? roomy_scale(*e.gradients, 65536) : 65536;
     if (fp16) out.push_back({"raise the loss scale", {{"init_scale", format_trial_number(std::max(safe, 4 * now))}}});
     if (fp16) out.push_back({"grow the scale sooner", {{"growth_interval", "100"}}});
     if (fp16) out.push_back(to_bf16);

@@ -221,14 +221,8 @@ Diagnosis decide(Evidence e) {
   if (s && s->has_scale && !s->collapsed && s->skip_rate >= kSkipRateAlmostAll &&
       s->settling_steps >= static_cast<int64_t>(kSkipRateAlmostAll * static_cast<double>(s->steps))) {
     // A workable scale: what the measured gradients leave room for, else torch's default.
-    double workable = 65536;
-    if (e.gradients) {
-      double largest = 0;
-      for (const auto& p : e.gradients->params) largest = std::max(largest, p.max_abs);
-      // Unscaled gradients that are themselves inf/NaN leave no room to compute: keep the default.
-      if (std::isfinite(largest) && largest > 0)
-        workable = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
-    }
+    // Unscaled gradients that are themselves inf/NaN leave no room to compute: keep the default.
+    const double workable = e.gradients ? roomy_scale(*e.gradients, 65536) : 65536;
     const double last = s->final_scale;
     const int64_t more = last > workable ? static_cast<int64_t>(std::ceil(std::log2(last / workable))) : 0;
     d.findings.push_back(std::to_string(s->skipped) + " of " + std::to_string(s->steps) +
@@ -290,10 +284,9 @@ Diagnosis decide(Evidence e) {
     // When gradients flush and none overflows, the measured gradients say how far
     // the scale can safely go up.
     if (e.gradients && e.gradients->underflow > 0.01 && e.gradients->overflow == 0 && s && s->skipped == 0) {
-      double largest = 0;
-      for (const auto& p : e.gradients->params) largest = std::max(largest, p.max_abs);
+      const double largest = largest_gradient(*e.gradients);
       if (largest > 0) {
-        const double safe = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
+        const double safe = roomy_scale(*e.gradients, 0);
         if (safe >= 4 * e.gradients->scale)
           fixes.push_back("raise the loss scale: at " + short_number(e.gradients->scale) + " " + pct(e.gradients->underflow) +
                           " of gradients flush to zero, and the largest gradient (" + short_number(largest) + ") leaves room up to " +

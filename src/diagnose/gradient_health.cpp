@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace mixtrain::diagnose {
 
@@ -62,6 +63,18 @@ GradientHealth measure_gradients(Learner& learn, const data::Batch& batch, doubl
   torch::NoGradGuard no_grad;
   for (auto& [p, g] : grads) p.mutable_grad() = g;
   return h;
+}
+
+double largest_gradient(const GradientHealth& health) {
+  double largest = 0;
+  for (const auto& p : health.params) largest = std::max(largest, p.max_abs);
+  return largest;
+}
+
+double roomy_scale(const GradientHealth& health, double fallback) {
+  const double largest = largest_gradient(health);
+  if (!std::isfinite(largest) || largest <= 0) return fallback;
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(kFp16Max / largest))) - 1);
 }
 
 } // namespace mixtrain::diagnose

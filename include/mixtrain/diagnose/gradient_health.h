@@ -48,4 +48,11 @@ GradientHealth gradient_health(torch::nn::Module& model, double scale);
 /// buffers and existing gradients are restored afterwards.
 GradientHealth measure_gradients(Learner& learn, const data::Batch& batch, double scale);
 
+/// The largest unscaled gradient magnitude measured (0 when none).
+double largest_gradient(const GradientHealth& health);
+/// The largest power of two that scales the largest measured gradient to below half
+/// of fp16's max: how far the loss scale can go up. `fallback` when the gradients
+/// give no measure (none measured, or themselves inf/NaN).
+double roomy_scale(const GradientHealth& health, double fallback);
+
 } // namespace mixtrain::diagnose
