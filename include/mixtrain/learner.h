@@ -148,6 +148,8 @@ struct LearnerOptions {
   TORCH_ARG(bool, wd_bn_bias) = false;
   /// Cuts the model's parameters into groups (mixtrain/param_groups.h): one
   /// learning rate per group, and freeze_to. Default: one group of every parameter.
+  /// It runs once, in the Learner's constructor (a name that matches no layer
+  /// throws there), so asking for the groups later builds nothing.
   TORCH_ARG(Splitter, splitter) = nullptr;
   /// Norm layers stay trainable in frozen groups (fastai's train_bn).
   TORCH_ARG(bool, train_bn) = true;
