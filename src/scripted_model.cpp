@@ -4,11 +4,14 @@
 #include "first_line.h"
 #include "mixtrain/atomic_file.h"
 #include "mixtrain/module_scope.h"
+#include "mixtrain/option_error.h"
 
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <mutex>
 #include <unordered_map>
 #include <sstream>
@@ -53,9 +56,55 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       ~Resolving() { detail::set_script_path_resolver(previous); }
     } resolving(this);
     c10::IValue out = script_.forward(std::move(args));
-    TORCH_CHECK(out.isTensor(), "The model's forward returned a ", out.tagKind(),
-                "; mixtrain trains models that return one tensor");
-    return out.toTensor();
+    return prediction_of(out);
+  }
+
+  void select_output(std::string output) { output_ = std::move(output); }
+
+  /// The tensor the Learner trains on, chosen from what forward returned.
+  torch::Tensor prediction_of(const c10::IValue& out) {
+    if (out.isTensor() && output_.empty()) return out.toTensor();
+    const std::string shape = describe(out);
+    if (out.isGenericDict()) {
+      const auto dict = out.toGenericDict();
+      const std::string key = output_.empty() ? "logits" : output_;
+      for (const auto& kv : dict)
+        if (kv.key().isString() && kv.key().toStringRef() == key && kv.value().isTensor()) {
+          notice("the model returns " + shape + "; training on its '" + key + "'");
+          return kv.value().toTensor();
+        }
+      throw OptionError("output", output_.empty() ? "the model returns " + shape +
+                                                        " without a 'logits' tensor; choose the prediction with " +
+                                                        Phrase::name("output")
+                                                  : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
+    }
+    if (out.isTuple() || out.isList()) {
+      const std::vector<c10::IValue> items = out.isTuple() ? out.toTupleRef().elements().vec() : out.toListRef().vec();
+      std::vector<std::string> names;  // a namedtuple's fields
+      if (out.isTuple())
+        if (const auto schema = out.toTupleRef().type()->schema())
+          for (const auto& a : schema->arguments()) names.push_back(a.name());
+      int64_t index = -1;
+      if (output_.empty()) {
+        for (size_t i = 0; i < items.size() && index < 0; ++i)
+          if (items[i].isTensor()) index = static_cast<int64_t>(i);  // None, ints are passed over
+      } else {
+        for (size_t i = 0; i < names.size(); ++i)
+          if (names[i] == output_) index = static_cast<int64_t>(i);
+        char* end = nullptr;
+        const long n = std::strtol(output_.c_str(), &end, 10);
+        if (index < 0 && end && *end == '\0' && n >= 0) index = n;
+      }
+      if (index < 0 || index >= static_cast<int64_t>(items.size()) || !items[static_cast<size_t>(index)].isTensor())
+        throw OptionError("output", output_.empty() ? Phrase("the model returns " + shape + " with no tensor to train on")
+                                                    : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
+      notice("the model returns " + shape + "; training on element " + std::to_string(index) +
+             (static_cast<size_t>(index) < names.size() ? " ('" + names[static_cast<size_t>(index)] + "')" : "") +
+             (output_.empty() ? " (the output option chooses another)" : ""));
+      return items[static_cast<size_t>(index)].toTensor();
+    }
+    throw OptionError("output", output_.empty() ? Phrase("the model's forward returned " + shape + "; mixtrain trains on a tensor")
+                                                : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
   }
 
   void train(bool on) override {
@@ -78,6 +127,37 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
   }
 
   const torch::jit::Module& script() const { return script_; }
+
+  /// "a tensor", "a dict with keys logits, loss", "a tuple of 2 (Tensor, int)", "a namedtuple (logits, aux)".
+  static std::string describe(const c10::IValue& v) {
+    if (v.isTensor()) return "a tensor";
+    if (v.isGenericDict()) {
+      std::string keys;
+      for (const auto& kv : v.toGenericDict())
+        keys += (keys.empty() ? "" : ", ") + (kv.key().isString() ? kv.key().toStringRef() : kv.key().tagKind());
+      return "a dict with keys " + keys;
+    }
+    if (v.isTuple() || v.isList()) {
+      const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
+      std::vector<std::string> names;
+      if (v.isTuple())
+        if (const auto schema = v.toTupleRef().type()->schema())
+          for (const auto& a : schema->arguments()) names.push_back(a.name());
+      std::string parts;
+      for (size_t i = 0; i < items.size(); ++i)
+        parts += (i ? ", " : "") + (i < names.size() ? names[i] + ": " : std::string()) +
+                 (items[i].isTensor() ? std::string("Tensor") : items[i].isNone() ? std::string("None") : items[i].tagKind());
+      return std::string(names.empty() ? (v.isTuple() ? "a tuple" : "a list") : "a namedtuple") + " of " +
+             std::to_string(items.size()) + " (" + parts + ")";
+    }
+    return std::string("a ") + v.tagKind();
+  }
+
+  void notice(const std::string& text) {
+    if (noticed_) return;
+    noticed_ = true;
+    std::cerr << "mixtrain: notice: " << text << std::endl;
+  }
 
   /// The interpreter names a module call by its instance name, which for an
   /// element of a ModuleList or ModuleDict (they have no forward of their own)
@@ -114,6 +194,8 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
 
  private:
   std::unordered_map<std::string, std::string> resolved_;  // the interpreter's call chain -> Python path
+  std::string output_;    // which part of a structured output is the prediction ("": the default rule)
+  bool noticed_ = false;  // the choice is said once
   torch::jit::Module script_;
   std::string names_;
   int64_t min_inputs_ = 0, max_inputs_ = 0;
@@ -128,7 +210,7 @@ ScriptedSubmodule::ScriptedSubmodule(const torch::jit::Module& script) : python_
   for (const auto& c : script.named_children()) register_module(c.name, std::make_shared<ScriptedSubmodule>(c.value));
 }
 
-Model load_scripted_model(const std::string& path) {
+Model load_scripted_model(const std::string& path, const std::string& output) {
   std::error_code ec;
   TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
   // Plain graph execution: every aten op goes through the dispatcher one by one,
@@ -148,6 +230,7 @@ Model load_scripted_model(const std::string& path) {
     TORCH_CHECK(p.value.is_floating_point(), path, ": parameter '", p.name, "' is ", p.value.scalar_type(),
                 "; mixtrain trains floating-point parameters");
   auto module = std::make_shared<ScriptedModel>(std::move(script));
+  module->select_output(output);
   TORCH_CHECK(!module->parameters().empty(), path, " has no parameters to train");
   // The forward's own check names the inputs, so the Model takes any count.
   return Model(module, [module](const ModelInputs& in) { return module->forward(in); }, -1);

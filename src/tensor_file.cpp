@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,13 @@ torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::
   torch::Tensor t = v.toTensor().detach();
   TORCH_CHECK(t.dim() > 0, path, ": '", what, "' is a 0-dim tensor; it needs one row per sample");
   if (t.scalar_type() == at::kDouble) t = t.to(at::kFloat);
+  if (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) {
+    // As a mixed-precision pipeline often saves it: the models read fp32, and the
+    // precision mode decides what computes in half.
+    std::cerr << "mixtrain: notice: " << path << ": '" << what << "' is stored in " << t.scalar_type()
+              << "; it is read as fp32" << std::endl;
+    t = t.to(at::kFloat);
+  }
   return t.contiguous();
 }
 

@@ -26,7 +26,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
   RunConfig c;
   // Adding a field to RunConfig stops this line compiling until the field is
   // named here, probed below and given a row in the option table.
-  [[maybe_unused]] auto& [data, model, loss, epochs, lr, bs, seed, limit, threads, thread_policy, precision,
+  [[maybe_unused]] auto& [data, model, loss, output, epochs, lr, bs, seed, limit, threads, thread_policy, precision,
                           precision_options, clip, accum, wd_bn_bias, save_every, keep, max_bad_steps, comm_dtype, ranks,
                           monitor, save_best, early_stop, split_at, freeze_to] = c;
   RunArgs args;
@@ -34,6 +34,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
       {"data", "d.pt", [](const RunConfig& r) { return r.data == "d.pt"; }},
       {"model", "mlp", [](const RunConfig& r) { return r.model == "mlp"; }},
       {"loss", "mse", [](const RunConfig& r) { return r.loss == "mse"; }},
+      {"output", "logits", [](const RunConfig& r) { return r.output == "logits"; }},
       {"epochs", "3", [](const RunConfig& r) { return r.epochs == 3; }},
       {"lr", "1e-4,1e-3", [](const RunConfig& r) { return r.lr == Lrs(std::vector<double>{1e-4, 1e-3}); }},
       {"bs", "32", [](const RunConfig& r) { return r.bs == 32; }},

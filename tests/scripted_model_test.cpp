@@ -349,6 +349,37 @@ TEST(ScriptedCliTest, BadIslandsAreOneLineErrors) {
             std::string::npos) << warned.err;
 }
 
+// Models that return a namedtuple, a dict or (output, lengths) train on the prediction
+// chosen from it, in emulated fp16; --output picks another part; data saved in half is
+// read as fp32; the doctor judges a dict-output model.
+TEST(ScriptedCliTest, StructuredOutputsTrainOnTheChosenPrediction) {
+  const std::string data = " --data " + file("blobs_data.pt") + " --bs 32 --epochs 2 --threads 1 --precision fp16";
+  const std::vector<std::pair<std::string, std::string>> models = {
+      {"namedtuple_out.pt", "training on element 0 ('logits')"},
+      {"dict_out.pt", "training on its 'logits'"},
+      {"tuple_lengths_out.pt", "training on element 0"}};
+  for (const auto& [model, notice] : models) {
+    SCOPED_TRACE(model);
+    const std::string out = test::scratch_dir("byo_structured_" + model);
+    const auto r = run_cli("train --model " + file(model) + data + " --out " + out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find(notice), std::string::npos) << r.err;
+    EXPECT_GT(number_after(r.out, "valid accuracy "), 0.5) << r.out;  // chance is 1/3
+  }
+  const std::string out = " --out " + test::scratch_dir("byo_structured_bad");
+  expect_usage_error("train --model " + file("dict_out.pt") + data + " --output hidden2" + out,
+                     "--output hidden2 does not fit: the model returns a dict with keys hidden, logits");
+  expect_usage_error("train --model " + file("namedtuple_out.pt") + data + " --output 5" + out,
+                     "--output 5 does not fit: the model returns a namedtuple of 2 (logits: Tensor, aux: Tensor)");
+  const auto aux = run_cli("train --model " + file("namedtuple_out.pt") + " --data " + file("blobs_half_data.pt") +
+                           " --bs 32 --threads 1 --output aux --out " + test::scratch_dir("byo_structured_half"));
+  ASSERT_EQ(aux.code, 0) << aux.err;
+  EXPECT_NE(aux.err.find("'x' is stored in Half; it is read as fp32"), std::string::npos) << aux.err;
+  EXPECT_NE(aux.err.find("training on element 1 ('aux')"), std::string::npos) << aux.err;
+  const auto healthy = doctor(file("dict_out.pt"), file("blobs_data.pt"), "byo_structured_doctor");
+  EXPECT_EQ(healthy["verdict"], "healthy") << healthy.dump(1);
+}
+
 TEST(ScriptedCliTest, BadModelsAndDataAreOneLineErrors) {
   const std::string out = " --bs 16 --threads 1 --force --out " + test::scratch_dir("byo_bad");
   const auto train = [&](const std::string& model, const std::string& data, const std::string& more = "") {

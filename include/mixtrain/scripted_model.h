@@ -39,7 +39,14 @@ class ScriptedSubmodule : public torch::nn::Module {
 /// Example:
 ///   mixtrain::Model model = mixtrain::load_scripted_model("model.pt");
 ///   mixtrain::Learner learn(model, dls, mixtrain::cross_entropy());
-Model load_scripted_model(const std::string& path);
+///
+/// A forward that returns a structure is trained on the prediction chosen from
+/// it: `output` names a dict key or a tuple/namedtuple field, or gives a tuple or
+/// list index ("1"); empty, it is a dict's "logits", else the first tensor of a
+/// tuple, namedtuple or list (torchvision's, torchaudio's and Hugging Face's
+/// outputs put the prediction first), said once in a notice. An output that does
+/// not fit is a c10::Error naming what the model returns, on the first forward.
+Model load_scripted_model(const std::string& path, const std::string& output = "");
 
 /// Whether `model` came from load_scripted_model.
 bool is_scripted(const Model& model);

@@ -73,7 +73,7 @@ ThreadPolicy thread_policy(const RunConfig& r) {
 
 Model build_model(const RunConfig& r) {
   const BuiltinModel* builtin = find_builtin_model(r.model);
-  return builtin ? builtin->build() : load_scripted_model(r.model);
+  return builtin ? builtin->build() : load_scripted_model(r.model, r.output);
 }
 
 bool is_sequence_classification(const data::DatasetSplit& split, const RunConfig& r) {
@@ -96,6 +96,9 @@ void check_model_fits_data(Learner& learn) {
     torch::Tensor pred = learn.model().forward(probe.inputs());
     if (pred.is_floating_point()) pred = pred.to(torch::kFloat);
     learn.loss_fn()(pred, probe.y);
+  } catch (const OptionError&) {  // an option that does not fit the model (--output): it names itself
+    learn.model().module().train();
+    throw;
   } catch (const std::exception& e) {
     learn.model().module().train();
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);

@@ -133,6 +133,10 @@ std::vector<Option> make_table() {
   add(Def("loss", "--loss", ValueType::kText, kT | kD | kL,
           "Loss: cross_entropy (classes; also [N, T, C] sequences), mse, bce_with_logits")
           .added_later().field<std::string>(MIXTRAIN_CONFIG(loss)));
+  add(Def("output", "--output", ValueType::kText, kT | kD | kL,
+          "Which part of a TorchScript model's structured output is the prediction: a dict key or namedtuple field "
+          "(logits), or a tuple index (1); default: a dict's 'logits', else the first tensor of a tuple or list")
+          .added_later().no_default().field<std::string>(MIXTRAIN_CONFIG(output)));
   add(Def("epochs", "--epochs", ValueType::kInt, kT | kD, "Epochs to train (>= 1)")
           .in(Command::kDoctor, "Epochs each of the two runs trains (>= 1)")
           .stored().field<int64_t>(MIXTRAIN_CONFIG(epochs)));

@@ -151,6 +151,57 @@ with torch.no_grad():
     vit.conv_proj.weight.mul_(50000)
 torch.jit.script(vit).save(path("vit_patch_overflow.pt"))
 
+# ---- Structured outputs, as torchvision, torchaudio and Hugging Face models return them.
+from typing import Dict, NamedTuple, Tuple
+
+
+class Outputs(NamedTuple):
+    logits: torch.Tensor
+    aux: torch.Tensor
+
+
+class NamedTupleNet(nn.Module):  # GoogLeNet-style: a namedtuple with the prediction first
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+        self.head = nn.Linear(32, 3)
+        self.aux = nn.Linear(32, 3)
+
+    def forward(self, x) -> Outputs:
+        h = self.body(x)
+        return Outputs(self.head(h), self.aux(h))
+
+
+class DictNet(nn.Module):  # Hugging Face-style: {"logits": ...}
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+        self.classifier = nn.Linear(32, 3)
+
+    def forward(self, x) -> Dict[str, torch.Tensor]:
+        h = self.body(x)
+        return {"hidden": h, "logits": self.classifier(h)}
+
+
+class LengthsNet(nn.Module):  # torchaudio-style: (output, lengths)
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 3))
+
+    def forward(self, x) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.net(x), torch.full((x.size(0),), x.size(1), dtype=torch.long)
+
+
+rng = torch.get_rng_state()
+torch.jit.script(NamedTupleNet()).save(path("namedtuple_out.pt"))
+torch.jit.script(DictNet()).save(path("dict_out.pt"))
+torch.jit.script(LengthsNet()).save(path("tuple_lengths_out.pt"))
+blob_x = torch.randn(1024, 20)
+blob_y = (blob_x @ torch.randn(20, 3, generator=torch.Generator().manual_seed(2))).argmax(1)
+torch.save({"x": blob_x, "y": blob_y}, path("blobs_data.pt"))
+torch.save({"x": blob_x.half(), "y": blob_y}, path("blobs_half_data.pt"))  # as a mixed-precision pipeline saves it
+torch.set_rng_state(rng)
+
 # ---- Bad input.
 torch.save(SmallConvNet().state_dict(), path("state_dict.pt"))  # weights, not TorchScript
 torch.save({"x": images}, path("no_y.pt"))

@@ -18,6 +18,7 @@ struct RunConfig {
   std::string data;
   std::string model = "cnn";                  ///< built-in model name, or a TorchScript file
   std::string loss = "cross_entropy";         ///< cross_entropy, mse or bce_with_logits
+  std::string output;                         ///< which part of a structured model output is the prediction ("": the default rule)
   int64_t epochs = 1;
   Lrs lr = 3e-3;                              ///< peak of the one-cycle schedule, or one per parameter group
   int64_t bs = 256;                           ///< batch size (per rank under data parallelism)
