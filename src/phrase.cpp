@@ -1,5 +1,6 @@
 #include "mixtrain/phrase.h"
 
+#include "comma_list.h"
 #include <algorithm>
 #include <map>
 
@@ -44,15 +45,7 @@ const OptionWords& api_words() {
         if (key == "accum") return "callbacks::GradientAccumulation(" + value + ")";
         if (key == "no_emulation") return std::string("allow_fp16_emulation(") + (value == "true" ? "false" : "true") + ")";
         if (key == "lr") return "fit_one_cycle(epochs, " + value + ")";
-        if (key == "keep_fp32") {  // a list of module names
-          std::string list;
-          for (size_t start = 0; start <= value.size();) {
-            const size_t comma = std::min(value.find(',', start), value.size());
-            list += (list.empty() ? "\"" : ", \"") + value.substr(start, comma - start) + "\"";
-            start = comma + 1;
-          }
-          return "PrecisionOptions().keep_fp32({" + list + "})";
-        }
+        if (key == "keep_fp32") return "PrecisionOptions().keep_fp32({" + detail::quoted_list(value) + "})";
         const auto home = api_homes().find(key);
         return (home == api_homes().end() ? std::string("RunConfig().") : home->second) + key + "(" + value + ")";
       }};

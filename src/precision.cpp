@@ -84,11 +84,7 @@ void validate_precision(Precision precision, const PrecisionOptions& options, co
 
 Learner& Learner::set_precision(Precision precision, const PrecisionOptions& options) {
   validate_precision(precision, options, device());
-  if (!options.keep_fp32().empty() && precision != Precision::kFp32) {
-    std::vector<std::string> paths;
-    for (const auto& item : model_.module().named_modules(/*name_prefix=*/"", /*include_self=*/false)) paths.push_back(item.key());
-    amp::check_islands(options.keep_fp32(), paths);
-  }
+  if (!options.keep_fp32().empty() && precision != Precision::kFp32) amp::check_islands(options.keep_fp32(), model_.module());
   to_fp32();
   switch (precision) {
     case Precision::kFp32:

@@ -403,14 +403,19 @@ bool mode_active(Mode mode) { return depth(mode) > 0 && c10::impl::tls_is_dispat
 
 namespace mixtrain::amp {
 
-Fp32Islands::Fp32Islands(std::vector<std::string> patterns, torch::nn::Module* model) : patterns_(std::move(patterns)) {
-  if (model)
-    for (const auto& item : model->named_modules("", /*include_self=*/false))
-      for (const auto& pattern : patterns_)
-        if (module_path_matches(pattern, item.key()))
-          for (const auto& p : item.value()->parameters(/*recurse=*/true)) params_.insert(p.unsafeGetTensorImpl());
+IslandParams island_params(const std::vector<std::string>& patterns, const torch::nn::Module& model) {
+  IslandParams params;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    for (const auto& pattern : patterns)
+      if (module_path_matches(pattern, item.key()))
+        for (const auto& p : item.value()->parameters(/*recurse=*/true)) params.insert(p.unsafeGetTensorImpl());
+  return params;
+}
+
+Fp32Islands::Fp32Islands(std::vector<std::string> patterns, std::shared_ptr<const IslandParams> params)
+    : patterns_(std::move(patterns)), params_(std::move(params)) {
   previous_ = detail::set_islands(&patterns_);
-  previous_params_ = detail::set_island_params(&params_);
+  previous_params_ = detail::set_island_params(params_.get());
   mode_ = std::make_shared<detail::DispatchModeGuard>(detail::Mode::kFp32Islands);
 }
 
@@ -439,6 +444,12 @@ std::vector<std::string> check_islands(const std::vector<std::string>& patterns,
     kept.insert(kept.end(), matched.begin(), matched.end());
   }
   return kept;
+}
+
+std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const torch::nn::Module& model) {
+  std::vector<std::string> paths;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) paths.push_back(item.key());
+  return check_islands(patterns, paths);
 }
 
 OpTraceScope::OpTraceScope(OpObserver* observer)

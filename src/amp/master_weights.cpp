@@ -187,7 +187,11 @@ void MasterWeights::before_batch(Learner& learn) {
   to_model_dtype(learn.batch().x);
   for (auto& x : learn.batch().extra_x) to_model_dtype(x);
   norm_mode_ = std::make_shared<detail::DispatchModeGuard>(detail::Mode::kFp32Norms);
-  if (!options_.keep_fp32().empty()) islands_ = std::make_shared<Fp32Islands>(options_.keep_fp32(), &learn.model().module());
+  if (!options_.keep_fp32().empty()) {
+    if (!island_params_)
+      island_params_ = std::make_shared<const IslandParams>(island_params(options_.keep_fp32(), learn.model().module()));
+    islands_ = std::make_shared<Fp32Islands>(options_.keep_fp32(), island_params_);
+  }
 }
 
 void MasterWeights::after_pred(Learner& learn) {

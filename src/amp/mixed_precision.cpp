@@ -79,7 +79,10 @@ void MixedPrecision::before_validate(Learner& learn) { prepare_for(learn); }
 std::string MixedPrecision::mode_tag() const { return std::string("mixed_precision:") + c10::toString(dtype_); }
 
 void MixedPrecision::before_batch(Learner& learn) {
-  if (!keep_fp32_.empty() && dtype_ != c10::ScalarType::Float) islands_.emplace(keep_fp32_, &learn.model().module());
+  if (!keep_fp32_.empty() && dtype_ != c10::ScalarType::Float) {
+    if (!island_params_) island_params_ = std::make_shared<const IslandParams>(island_params(keep_fp32_, learn.model().module()));
+    islands_.emplace(keep_fp32_, island_params_);
+  }
   if (emulated_)
     emulation_.emplace(dtype_);
   else if (dtype_ != c10::ScalarType::Float)

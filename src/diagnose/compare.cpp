@@ -1,6 +1,7 @@
 #include "mixtrain/diagnose/compare.h"
 
 #include "../first_line.h"
+#include "../comma_list.h"
 
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/precision_callback.h"
@@ -74,22 +75,6 @@ data::Batch probe_batch(Learner& learn) {
   return data::Batch::head_of(learn.dls().train.dataset(), std::max<int64_t>(1, learn.dls().train.options().batch_size()));
 }
 
-std::vector<std::string> split_names(const std::string& text) {
-  std::vector<std::string> out;
-  for (size_t start = 0; start <= text.size();) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    out.push_back(text.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return out;
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
-  return out;
-}
-
 struct Candidate {
   Phrase fix;
   std::vector<Setting> settings;
@@ -104,7 +89,7 @@ Trial run_trial(const LearnerFactory& make_learner, const CompareOptions& o, con
   CompareOptions t = o;
   double clip = 0;
   for (const auto& st : c.settings) {
-    if (st.key == "keep_fp32") t.keep_fp32(split_names(st.value));
+    if (st.key == "keep_fp32") t.keep_fp32(mixtrain::detail::comma_list(st.value));
     if (st.key == "init_scale") t.scaler().init_scale(std::stod(st.value));
     if (st.key == "growth_interval") t.scaler().growth_interval(std::stoll(st.value));
     if (st.key == "clip") clip = std::stod(st.value);
@@ -192,14 +177,10 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
       d.trials.push_back(run_trial(make_learner, o, initial, d.evidence, c, island ? &next : nullptr));
     } catch (const std::exception& e) {  // a fix this model cannot take: the trial failed, and says why
       const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      std::string why = c10_error ? c10_error->what_without_backtrace() : e.what();
-      // torch's TorchScript errors end with the failing op's own "RuntimeError: ..." line.
-      const size_t cause = why.rfind("RuntimeError: ");
-      if (cause != std::string::npos) why = why.substr(cause + 14);
       Trial failed;
       failed.fix = c.fix;
       failed.settings = c.settings;
-      failed.error = mixtrain::detail::first_line(why);
+      failed.error = mixtrain::detail::torch_error_cause(c10_error ? c10_error->what_without_backtrace() : e.what());
       failed.verdict = d.verdict;
       d.trials.push_back(std::move(failed));
       std::cout << "doctor: trial failed: " << d.trials.back().error << std::endl;
@@ -207,11 +188,12 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
     }
     const Trial& t = d.trials.back();
     if (island && !t.proven() && !next.empty()) {
-      std::vector<std::string> names = split_names(c.settings[0].value);
+      std::vector<std::string> names = mixtrain::detail::comma_list(c.settings[0].value);
       if (std::find(names.begin(), names.end(), next) == names.end()) {
         names.push_back(next);
+        const std::string islands = mixtrain::detail::comma_joined(names);
         queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                     Candidate{"keep " + joined(names) + " in fp32", {{"keep_fp32", joined(names)}}});
+                     Candidate{"keep " + islands + " in fp32", {{"keep_fp32", islands}}});
       }
     }
   }

@@ -152,7 +152,7 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
       emulation.emplace();
     // The learner's fp32 islands apply to the traced pass as they do to training.
     std::optional<amp::Fp32Islands> islands;
-    if (const auto mp = learn.get_cb<amp::MixedPrecision>(); mp && !mp->keep_fp32().empty()) islands.emplace(mp->keep_fp32(), &module);
+    if (const auto mp = learn.get_cb<amp::MixedPrecision>(); mp && !mp->keep_fp32().empty()) islands.emplace(mp->keep_fp32(), std::make_shared<const amp::IslandParams>(amp::island_params(mp->keep_fp32(), module)));
     amp::OpTraceScope observe(&tracer);
     torch::Tensor pred = learn.model().forward(b.inputs());
     autocast.reset();

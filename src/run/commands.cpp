@@ -249,12 +249,8 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
                                 " (it trains the model as one parameter group)");
   const int threads = configure_threads(r.threads, thread_policy(r));
   const auto split = load_split(r, /*world_size=*/1);
-  if (!r.precision_options.keep_fp32().empty()) {  // a bad island is an error before the baseline trains
-    const Model model = build_model(r);
-    std::vector<std::string> paths;
-    for (const auto& m : model.module().named_modules("", /*include_self=*/false)) paths.push_back(m.key());
-    amp::check_islands(r.precision_options.keep_fp32(), paths);
-  }
+  // A bad island is an error before the baseline trains.
+  if (!r.precision_options.keep_fp32().empty()) amp::check_islands(r.precision_options.keep_fp32(), build_model(r).module());
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
   const RunFolder folder(a.out);
   folder.prepare();

@@ -1,5 +1,6 @@
 #include "mixtrain/run/learner_builder.h"
 
+#include "../first_line.h"
 #include "mixtrain/callbacks/gradient_accumulation.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/option_error.h"
@@ -102,12 +103,8 @@ void check_model_fits_data(Learner& learn) {
   } catch (const std::exception& e) {
     learn.model().module().train();
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    std::string m = c10_error ? c10_error->what_without_backtrace() : e.what();
-    // torch's own TorchScript errors put the failing op's message after the
-    // interpreter's traceback, as "RuntimeError: ...": keep the line that says what failed.
-    const size_t cause = m.rfind("RuntimeError: ");
-    if (cause != std::string::npos) m = m.substr(cause + 14);
-    TORCH_CHECK(false, "the model does not run on the data: ", m.substr(0, m.find('\n')));
+    TORCH_CHECK(false, "the model does not run on the data: ",
+                detail::torch_error_cause(c10_error ? c10_error->what_without_backtrace() : e.what()));
   }
   learn.model().module().train();
 }

@@ -1,5 +1,6 @@
 #include "mixtrain/run/options.h"
 
+#include "../comma_list.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/atomic_file.h"
 #include "mixtrain/data.h"
@@ -208,25 +209,12 @@ std::vector<Option> make_table() {
           "Modules kept in fp32 under fp16/bf16 (comma-separated module paths or patterns such as "
           "encoder.layers.*.mlp): every op inside them, parameter-free ones included, computes in fp32")
           .added_later().no_default().modes({P::kFp16, P::kBf16, P::kFp16Master, P::kBf16Master}, "the whole model is fp32")
-          .access([](const RunArgs& a) {
-                    std::string text;
-                    for (const auto& n : const_cast<RunArgs&>(a).config.precision_options.keep_fp32())
-                      text += (text.empty() ? "" : ",") + n;
-                    return text;
-                  },
+          .access([](const RunArgs& a) { return detail::comma_joined(a.config.precision_options.keep_fp32()); },
                   [](RunArgs& a, const std::string& t) {
-                    std::vector<std::string> names;
-                    size_t start = 0;
-                    while (true) {
-                      const size_t comma = t.find(',', start);
-                      const std::string name = t.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-                      if (name.empty())
-                        throw OptionError("keep_fp32", "an empty module name in " + Phrase::setting("keep_fp32", "'" + t + "'") +
-                                                           " (takes module paths separated by commas, e.g. conv_proj,encoder.layers.*.mlp)");
-                      names.push_back(name);
-                      if (comma == std::string::npos) break;
-                      start = comma + 1;
-                    }
+                    const std::vector<std::string> names = detail::comma_list(t);
+                    if (std::find(names.begin(), names.end(), "") != names.end())
+                      throw OptionError("keep_fp32", "an empty module name in " + Phrase::setting("keep_fp32", "'" + t + "'") +
+                                                         " (takes module paths separated by commas, e.g. conv_proj,encoder.layers.*.mlp)");
                     a.config.precision_options.keep_fp32(names);
                   }));
   const std::string master_note = "it sets fp16-master/bf16-master";
@@ -474,15 +462,7 @@ const OptionWords& keyword_words() {
                                     const ValueType type = o ? o->type : ValueType::kText;
                                     if (type == ValueType::kSwitch) return key + "=" + (value == "true" ? "True" : "False");
                                     if (type == ValueType::kText) return key + "=\"" + value + "\"";
-                                    if (type == ValueType::kList) {
-                                      std::string list;
-                                      for (size_t start = 0; start <= value.size();) {
-                                        const size_t comma = std::min(value.find(',', start), value.size());
-                                        list += (list.empty() ? "\"" : ", \"") + value.substr(start, comma - start) + "\"";
-                                        start = comma + 1;
-                                      }
-                                      return key + "=[" + list + "]";
-                                    }
+                                    if (type == ValueType::kList) return key + "=[" + detail::quoted_list(value) + "]";
                                     return key + "=" + value;
                                   }};
   return kWords;
@@ -506,15 +486,9 @@ std::string RunConfig::to_json() const {
         break;
       case ValueType::kNumber: j[o.key] = std::strtod(v.c_str(), nullptr); break;
       case ValueType::kText: j[o.key] = v; break;
-      case ValueType::kList: {
-        j[o.key] = nlohmann::json::array();
-        for (size_t start = 0; !v.empty() && start <= v.size();) {
-          const size_t comma = std::min(v.find(',', start), v.size());
-          j[o.key].push_back(v.substr(start, comma - start));
-          start = comma + 1;
-        }
+      case ValueType::kList:
+        j[o.key] = v.empty() ? nlohmann::json::array() : nlohmann::json(detail::comma_list(v));
         break;
-      }
       // One learning rate is a number (as args.json always had it); a list or slice is Lrs::parse's text.
       case ValueType::kLrs:
         if (lr.one_for_all()) j[o.key] = lr.last();
@@ -570,8 +544,7 @@ RunConfig RunConfig::from_json(const std::string& text) {
         expected = "a list of strings";
         typed = v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); });
         if (typed && v.empty()) continue;  // none: the default
-        if (typed)
-          for (const auto& e : v) value += (value.empty() ? "" : ",") + e.get<std::string>();
+        if (typed) value = detail::comma_joined(v.get<std::vector<std::string>>());
         break;
       case ValueType::kLrs:
         expected = "a number or a list/slice as text";

@@ -23,21 +23,25 @@ namespace torch::nn { class Module; }
 
 namespace mixtrain::amp {
 
-/// RAII: while alive, this thread's emulation and master-weights modes keep the
-/// modules matching `patterns` in fp32. Nestable (the innermost applies).
+/// The parameters (by TensorImpl) of the modules of `model` that `patterns` match.
+using IslandParams = std::unordered_set<const void*>;
+IslandParams island_params(const std::vector<std::string>& patterns, const torch::nn::Module& model);
+
+/// RAII: while alive, this thread's emulation, master-weights and autocast modes
+/// keep the modules matching `patterns` in fp32. Nestable (the innermost applies).
 class Fp32Islands {
  public:
-  /// `model`, when given, adds parameter ownership: an op that takes a parameter
-  /// of a matching module is in the island even where no scope names it (a C++
-  /// module whose forward opens no ModuleScope).
-  explicit Fp32Islands(std::vector<std::string> patterns, torch::nn::Module* model = nullptr);
+  /// `params` (island_params, worked out once, not per batch) adds parameter
+  /// ownership: an op that takes a parameter of a matching module is in the island
+  /// even where no scope names it (a C++ module whose forward opens no ModuleScope).
+  explicit Fp32Islands(std::vector<std::string> patterns, std::shared_ptr<const IslandParams> params = nullptr);
   ~Fp32Islands();
   Fp32Islands(const Fp32Islands&) = delete;
   Fp32Islands& operator=(const Fp32Islands&) = delete;
 
  private:
   std::vector<std::string> patterns_;
-  std::unordered_set<const void*> params_;
+  std::shared_ptr<const IslandParams> params_;
   const std::vector<std::string>* previous_;
   const std::unordered_set<const void*>* previous_params_;
   std::shared_ptr<void> mode_;  // includes the dispatcher key the islands' ops are caught on
@@ -47,5 +51,7 @@ class Fp32Islands {
 /// keep in fp32. Throws OptionError("keep_fp32") for an empty name, a pattern
 /// matching no module (naming the closest paths), or one matching every module.
 std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const std::vector<std::string>& module_paths);
+/// The same against the module paths of `model`.
+std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const torch::nn::Module& model);
 
 } // namespace mixtrain::amp

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_set>
 #include <vector>
 
 namespace torch::nn { class Module; }
@@ -137,6 +138,7 @@ class MasterWeights : public PrecisionCallback {
   void end_forward_region();
   std::shared_ptr<void> norm_mode_;     // fp32 norm layers: on during the forward region only
   std::shared_ptr<void> islands_;       // fp32 islands: on during the forward region only
+  std::shared_ptr<const std::unordered_set<const void*>> island_params_;  // their parameters, worked out once
 };
 
 } // namespace mixtrain::amp

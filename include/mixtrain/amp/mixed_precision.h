@@ -59,6 +59,7 @@ class MixedPrecision : public PrecisionCallback {
   /// under emulated and real autocast alike.
   MixedPrecision& keep_fp32(std::vector<std::string> patterns) {
     keep_fp32_ = std::move(patterns);
+    island_params_.reset();
     prepared_for_.reset();
     return *this;
   }
@@ -97,6 +98,7 @@ class MixedPrecision : public PrecisionCallback {
   std::optional<autocast> guard_;
   std::vector<std::string> keep_fp32_;
   std::optional<Fp32Islands> islands_;
+  std::shared_ptr<const IslandParams> island_params_;  // worked out at the first batch, not every batch
   std::optional<ReducedPrecisionEmulation> emulation_;
   bool step_attempted_ = false;
 };
