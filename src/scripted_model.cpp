@@ -42,12 +42,16 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
     }
   }
 
-  torch::Tensor forward(const ModelInputs& inputs) {
+  ModelOutput forward(const ModelInputs& inputs) {
     const auto n = static_cast<int64_t>(inputs.size());
+    if (own_loss_ && n == max_inputs_ + 1)
+      throw OptionError("loss", Phrase::setting("loss", "model") + " passes the targets as the model's last input, but its forward takes only (" +
+                                    names_ + "); a model that computes its loss takes them (labels=None in Hugging Face's models)");
     TORCH_CHECK(n >= min_inputs_ && n <= max_inputs_, "The model's forward takes ",
                 min_inputs_ == max_inputs_ ? std::to_string(max_inputs_)
                                            : std::to_string(min_inputs_) + " to " + std::to_string(max_inputs_),
-                " input", max_inputs_ == 1 ? "" : "s", " (", names_, ") but the data has ", n);
+                " input", max_inputs_ == 1 ? "" : "s", " (", names_, ") but the data has ", n,
+                own_loss_ ? " (with the targets last)" : "");
     std::vector<c10::IValue> args(inputs.begin(), inputs.end());
     // While the script runs, module boundaries are its module calls (module_scope.h).
     struct Resolving {
@@ -56,27 +60,51 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       ~Resolving() { detail::set_script_path_resolver(previous); }
     } resolving(this);
     c10::IValue out = script_.forward(std::move(args));
-    return prediction_of(out);
+    return output_of(out);
   }
 
-  void select_output(std::string output) { output_ = std::move(output); }
+  void select_output(std::string output, bool own_loss) {
+    output_ = std::move(output);
+    own_loss_ = own_loss;
+  }
 
-  /// The tensor the Learner trains on, chosen from what forward returned.
-  torch::Tensor prediction_of(const c10::IValue& out) {
-    if (out.isTensor() && output_.empty()) return out.toTensor();
-    const std::string shape = describe(out);
+  /// The prediction the Learner trains on, chosen from what forward returned,
+  /// and (for a model that computes its loss) that loss.
+  ModelOutput output_of(const c10::IValue& out) {
+    ModelOutput result;
+    result.described = describe(out);
+    const std::string& shape = result.described;
+    if (out.isTensor()) {
+      if (!output_.empty())
+        throw OptionError("output", Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
+      result.prediction = out.toTensor();
+      // A model that computes its loss may return only the loss: it is then the prediction too (no metrics).
+      if (own_loss_ && result.prediction.dim() == 0) result.loss = result.prediction;
+      if (own_loss_ && !result.loss.defined()) detail::throw_no_model_loss(shape);
+      return result;
+    }
     if (out.isGenericDict()) {
       const auto dict = out.toGenericDict();
+      const auto entry = [&dict](const std::string& key) -> torch::Tensor {
+        for (const auto& kv : dict)
+          if (kv.key().isString() && kv.key().toStringRef() == key && kv.value().isTensor()) return kv.value().toTensor();
+        return {};
+      };
+      if (own_loss_) result.loss = entry("loss");
       const std::string key = output_.empty() ? "logits" : output_;
-      for (const auto& kv : dict)
-        if (kv.key().isString() && kv.key().toStringRef() == key && kv.value().isTensor()) {
-          notice("the model returns " + shape + "; training on its '" + key + "'");
-          return kv.value().toTensor();
-        }
-      throw OptionError("output", output_.empty() ? "the model returns " + shape +
-                                                        " without a 'logits' tensor; choose the prediction with " +
-                                                        Phrase::name("output")
-                                                  : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
+      result.prediction = entry(key);
+      if (!result.prediction.defined() && own_loss_ && output_.empty() && result.loss.defined() && dict.size() == 1)
+        result.prediction = result.loss;  // only a loss
+      if (!result.prediction.defined())
+        throw OptionError("output", output_.empty() ? "the model returns " + shape +
+                                                          " without a 'logits' tensor; choose the prediction with " +
+                                                          Phrase::name("output")
+                                                    : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
+      // In this mode the targets were passed, so a loss was due (checked before the notice: the error is one line).
+      if (own_loss_ && !result.loss.defined()) detail::throw_no_model_loss(shape);
+      notice("the model returns " + shape + "; " + (result.loss.defined() ? "its 'loss' is the loss, " : "") +
+             "training on its '" + key + "'");
+      return result;
     }
     if (out.isTuple() || out.isList()) {
       const std::vector<c10::IValue> items = out.isTuple() ? out.toTupleRef().elements().vec() : out.toListRef().vec();
@@ -84,10 +112,16 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       if (out.isTuple())
         if (const auto schema = out.toTupleRef().type()->schema())
           for (const auto& a : schema->arguments()) names.push_back(a.name());
+      // Hugging Face's tuple outputs given labels put the loss first: (loss, logits, ...).
+      int64_t loss_index = -1;
+      if (own_loss_)
+        for (size_t i = 0; i < items.size() && loss_index < 0; ++i)
+          if (items[i].isTensor()) loss_index = items[i].toTensor().dim() == 0 ? static_cast<int64_t>(i) : -2;
+      if (loss_index >= 0) result.loss = items[static_cast<size_t>(loss_index)].toTensor();
       int64_t index = -1;
       if (output_.empty()) {
         for (size_t i = 0; i < items.size() && index < 0; ++i)
-          if (items[i].isTensor()) index = static_cast<int64_t>(i);  // None, ints are passed over
+          if (items[i].isTensor() && static_cast<int64_t>(i) != loss_index) index = static_cast<int64_t>(i);  // None, ints are passed over
       } else {
         for (size_t i = 0; i < names.size(); ++i)
           if (names[i] == output_) index = static_cast<int64_t>(i);
@@ -98,10 +132,14 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       if (index < 0 || index >= static_cast<int64_t>(items.size()) || !items[static_cast<size_t>(index)].isTensor())
         throw OptionError("output", output_.empty() ? Phrase("the model returns " + shape + " with no tensor to train on")
                                                     : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
-      notice("the model returns " + shape + "; training on element " + std::to_string(index) +
+      if (own_loss_ && !result.loss.defined()) detail::throw_no_model_loss(shape);
+      notice("the model returns " + shape + "; " +
+             (loss_index >= 0 ? "element " + std::to_string(loss_index) + " is the loss, " : std::string()) +
+             "training on element " + std::to_string(index) +
              (static_cast<size_t>(index) < names.size() ? " ('" + names[static_cast<size_t>(index)] + "')" : "") +
              (output_.empty() ? " (the output option chooses another)" : ""));
-      return items[static_cast<size_t>(index)].toTensor();
+      result.prediction = items[static_cast<size_t>(index)].toTensor();
+      return result;
     }
     throw OptionError("output", output_.empty() ? Phrase("the model's forward returned " + shape + "; mixtrain trains on a tensor")
                                                 : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
@@ -195,6 +233,7 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
  private:
   std::unordered_map<std::string, std::string> resolved_;  // the interpreter's call chain -> Python path
   std::string output_;    // which part of a structured output is the prediction ("": the default rule)
+  bool own_loss_ = false; // the targets are the last input and the output carries the loss
   bool noticed_ = false;  // the choice is said once
   torch::jit::Module script_;
   std::string names_;
@@ -210,7 +249,7 @@ ScriptedSubmodule::ScriptedSubmodule(const torch::jit::Module& script) : python_
   for (const auto& c : script.named_children()) register_module(c.name, std::make_shared<ScriptedSubmodule>(c.value));
 }
 
-Model load_scripted_model(const std::string& path, const std::string& output) {
+Model load_scripted_model(const std::string& path, const std::string& output, bool computes_loss) {
   std::error_code ec;
   TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
   // Plain graph execution: every aten op goes through the dispatcher one by one,
@@ -230,10 +269,10 @@ Model load_scripted_model(const std::string& path, const std::string& output) {
     TORCH_CHECK(p.value.is_floating_point(), path, ": parameter '", p.name, "' is ", p.value.scalar_type(),
                 "; mixtrain trains floating-point parameters");
   auto module = std::make_shared<ScriptedModel>(std::move(script));
-  module->select_output(output);
+  module->select_output(output, computes_loss);
   TORCH_CHECK(!module->parameters().empty(), path, " has no parameters to train");
   // The forward's own check names the inputs, so the Model takes any count.
-  return Model(module, [module](const ModelInputs& in) { return module->forward(in); }, -1);
+  return Model(module, [module](const ModelInputs& in) { return module->forward(in); }, -1, computes_loss);
 }
 
 bool is_scripted(const Model& model) { return dynamic_cast<const ScriptedModel*>(model.ptr().get()) != nullptr; }

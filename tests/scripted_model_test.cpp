@@ -138,6 +138,61 @@ TEST_F(ScriptedModelTest, ANativeModuleWithTwoInputsTrains) {
   EXPECT_THROW_WITH(model.forward(train.x), "The model's forward takes 2 inputs but the data has 1");
 }
 
+// A native module that computes its loss (forward(x, y) -> logits and loss): the
+// Learner passes the targets, trains on the model's loss (fp32 even when the model
+// computes it in bf16) as it would with the same loss outside, and get_preds
+// returns the logits.
+TEST_F(ScriptedModelTest, ANativeModuleThatComputesItsLossTrainsOnIt) {
+  struct OwnLossImpl : torch::nn::Module {
+    torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 3))};
+    int64_t calls_with_targets = 0;
+    std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& y) {
+      ++calls_with_targets;
+      torch::Tensor logits = fc(x);
+      return {logits, torch::nn::functional::cross_entropy(logits, y)};
+    }
+  };
+  const data::Dataset train = test::blobs(256, 3, 4, 1), valid = test::blobs(64, 3, 4, 2);
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16Master}) {
+    SCOPED_TRACE(precision_name(precision));
+    torch::manual_seed(3);
+    auto net = std::make_shared<OwnLossImpl>();
+    Model model(net, [net](const ModelInputs& in) {
+      auto [logits, loss] = net->forward(in.at(0), in.at(1));
+      return ModelOutput{logits, loss, "logits and loss"};
+    }, 2, /*takes_targets=*/true);
+    Learner own(model, data::DataLoaders::from_split({train, valid}, 32, 0), model_loss(model),
+                LearnerOptions().metrics({accuracy()}).progress(false));
+    own.set_precision(precision);
+    own.fit_one_cycle(3, 3e-2);
+    EXPECT_EQ(net->calls_with_targets, 3 * (256 / 32 + 64 / 32));
+    EXPECT_EQ(own.loss().scalar_type(), torch::kFloat);
+    const auto [preds, targets] = own.get_preds();
+    EXPECT_EQ(preds.sizes(), (std::vector<int64_t>{64, 3}));
+    // The same weights trained with the same loss computed outside the model.
+    torch::manual_seed(3);
+    auto same = std::make_shared<OwnLossImpl>();
+    Learner outside(Model(same->fc), data::DataLoaders::from_split({train, valid}, 32, 0), cross_entropy(),
+                    LearnerOptions().metrics({accuracy()}).progress(false));
+    outside.set_precision(precision);
+    outside.fit_one_cycle(3, 3e-2);
+    const auto& a = own.recorder().values().back();
+    const auto& b = outside.recorder().values().back();
+    if (precision == Precision::kFp32) EXPECT_TRUE(torch::equal(net->fc->weight, same->fc->weight));  // the same arithmetic
+    // bf16-master: the model's loss is computed from bf16 logits, the outside one from fp32 (loss_fp32).
+    EXPECT_NEAR(a.valid_loss, b.valid_loss, precision == Precision::kFp32 ? 1e-6 : 0.02 * b.valid_loss);
+    EXPECT_NEAR(a.metrics[0], b.metrics[0], precision == Precision::kFp32 ? 0 : 2.0 / 64);
+  }
+  // A model that does not take the targets computes no loss; one that returned none says what it returned.
+  auto plain = torch::nn::Linear(4, 3);
+  EXPECT_THROW_WITH(model_loss(Model(plain)), "the model does not take the targets");
+  auto net = std::make_shared<OwnLossImpl>();
+  Model silent(net, [net](const ModelInputs& in) { return ModelOutput{net->fc(in.at(0)), {}, "a tensor"}; }, 2, true);
+  silent.forward({torch::randn({2, 4}), torch::zeros({2}, torch::kLong)});
+  EXPECT_THROW_WITH(model_loss(silent)(torch::Tensor(), torch::Tensor()),
+                    "does not fit: the model returns a tensor, with no loss");
+}
+
 TEST_F(ScriptedModelTest, ScriptedInputCountIsCheckedWithTheArgumentNames) {
   Model model = load_scripted_model(file("two_inputs.pt"));
   EXPECT_THROW_WITH(model.forward(torch::randn({2, 20})), "forward takes 2 inputs (x, mask) but the data has 1");
@@ -378,6 +433,98 @@ TEST(ScriptedCliTest, StructuredOutputsTrainOnTheChosenPrediction) {
   EXPECT_NE(aux.err.find("training on element 1 ('aux')"), std::string::npos) << aux.err;
   const auto healthy = doctor(file("dict_out.pt"), file("blobs_data.pt"), "byo_structured_doctor");
   EXPECT_EQ(healthy["verdict"], "healthy") << healthy.dump(1);
+}
+
+/// The validation accuracy a plain PyTorch loop (fp32, fastai's optimizer and schedule) reaches.
+double plain_pytorch_accuracy(const std::string& model, const std::string& data, const std::string& loss,
+                              const std::string& name) {
+  const std::string log = test::scratch_dir(name) + "/plain.txt";
+  const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) + "/tests/python/plain_loop.py " +
+                          model + " " + data + " 3 32 1e-2 " + loss + " > " + log + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << test::slurp(log);
+  return number_after(test::slurp(log), "accuracy ");
+}
+
+// Every kind of structured output, and models that compute their loss from the
+// labels (a Hugging Face dict and its (loss, logits) tuple), trained in emulated fp16,
+// reach the accuracy a plain fp32 PyTorch loop reaches with the same model and data.
+TEST(ScriptedCliTest, StructuredOutputsAndOwnLossesTrainInFp16AsAPlainPyTorchLoopDoes) {
+  const std::string data = file("blobs_split.pt");
+  const std::vector<std::pair<std::string, std::string>> models = {{"namedtuple_out.pt", "cross_entropy"},
+                                                                   {"dict_out_plain.pt", "cross_entropy"},
+                                                                   {"tuple_lengths_out.pt", "cross_entropy"},
+                                                                   {"hf_dict_loss.pt", "model"},
+                                                                   {"hf_tuple_loss.pt", "model"}};
+  for (const auto& [model, loss] : models) {
+    SCOPED_TRACE(model);
+    const std::string out = test::scratch_dir("byo_plain_" + model);
+    const auto r = run_cli("train --model " + file(model) + " --data " + data + " --loss " + loss +
+                           " --precision fp16 --epochs 3 --bs 32 --lr 1e-2 --threads 1 --out " + out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double python = plain_pytorch_accuracy(file(model), data, loss, "byo_plain_py_" + model);
+    EXPECT_GT(python, 0.85);  // the blobs are nearly separable; chance is 1/3
+    // Different shuffles and fp16 vs fp32: a few of 256 validation samples apart, never more.
+    EXPECT_NEAR(number_after(r.out, "valid accuracy "), python, 0.04) << r.out;
+    EXPECT_EQ(test::read_json(out + "/summary.json").at("skipped_steps"), 0) << r.out;
+  }
+}
+
+// A model's own loss, told apart from its prediction: the dict's 'loss', a tuple's
+// scalar first element, a bare scalar (no prediction, so no metric); it resumes
+// bitwise, and the trained model.pt still returns what it returned.
+TEST(ScriptedCliTest, AModelsOwnLossIsFoundInEachShapeAndResumesBitwise) {
+  const std::string base = " --data " + file("blobs_split.pt") + " --loss model --precision fp16 --bs 32 --lr 1e-2 --threads 1";
+  const auto dict = run_cli("train --model " + file("hf_dict_loss.pt") + base + " --out " + test::scratch_dir("own_loss_dict"));
+  ASSERT_EQ(dict.code, 0) << dict.err;
+  EXPECT_NE(dict.err.find("the model returns a dict with keys logits, loss; its 'loss' is the loss, training on its 'logits'"),
+            std::string::npos) << dict.err;
+  const auto tuple = run_cli("train --model " + file("hf_tuple_loss.pt") + base + " --out " + test::scratch_dir("own_loss_tuple"));
+  ASSERT_EQ(tuple.code, 0) << tuple.err;
+  EXPECT_NE(tuple.err.find("element 0 is the loss, training on element 1"), std::string::npos) << tuple.err;
+  const std::string bare = test::scratch_dir("own_loss_bare");
+  const auto scalar = run_cli("train --model " + file("loss_only.pt") + base + " --epochs 2 --out " + bare);
+  ASSERT_EQ(scalar.code, 0) << scalar.err;
+  EXPECT_EQ(scalar.out.find("accuracy"), std::string::npos) << scalar.out;  // a loss is no prediction
+  const auto epochs = test::read_json(bare + "/summary.json");
+  EXPECT_LT(epochs.at("valid_loss").get<double>(), 0.7) << scalar.out;  // ln 3 = 1.10 at chance
+
+  // Interrupted after step 30 and resumed: the same weights as the uninterrupted run.
+  const std::string flags = " --model " + file("hf_dict_loss.pt") + base + " --epochs 2 --save-every 1";
+  const std::string full = test::scratch_dir("own_loss_full"), cut = test::scratch_dir("own_loss_cut");
+  ASSERT_EQ(run_cli("train" + flags + " --out " + full).code, 0);
+  EXPECT_EQ(run_cli("train" + flags + " --out " + cut + " --interrupt-at-step 30").code, 130);
+  ASSERT_EQ(run_cli("train --resume " + cut).code, 0);
+  EXPECT_EQ(test::slurp(full + "/model.pt"), test::slurp(cut + "/model.pt"));
+  // model.pt is the TorchScript model as it was: given labels, its forward returns the loss too.
+  Model trained = load_model(full + "/model.pt");
+  const data::DatasetSplit split = data::load_tensor_file(file("blobs_split.pt"));
+  const double accuracy = accuracy_of(predict(trained, {split.valid.x}), split.valid.y);
+  EXPECT_NEAR(accuracy, test::read_json(full + "/summary.json").at("valid_accuracy").get<double>(), 3.0 / 256);
+}
+
+// The doctor reaches into a dict output: an overflowing projection is named (op and
+// module) and its fp32 island proven; a model that computes its loss is healthy.
+TEST(ScriptedCliTest, TheDoctorNamesAnOverflowInsideADictModelAndJudgesOwnLosses) {
+  const auto overflow = doctor(file("dict_overflow.pt"), file("blobs_split.pt"), "byo_dict_overflow");
+  EXPECT_EQ(overflow["verdict"], "forward_overflow") << overflow.dump(1);
+  EXPECT_EQ(overflow["evidence"]["first_overflow"]["where"], "proj (aten::linear)") << overflow.dump(1);
+  ASSERT_FALSE(overflow["proven_fix"].is_null()) << overflow.dump(1);
+  EXPECT_EQ(overflow["proven_fix"]["flags"], "--keep-fp32 proj");
+  const std::string out = test::scratch_dir("byo_own_loss_doctor");
+  const auto r = run_cli("doctor --model " + file("hf_dict_loss.pt") + " --data " + file("blobs_split.pt") +
+                         " --loss model --bs 32 --lr 1e-2 --threads 1 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(test::read_json(out + "/diagnosis.json")["verdict"], "healthy") << r.out;
+}
+
+TEST(ScriptedCliTest, AModelLossThatDoesNotFitIsAOneLineError) {
+  const std::string more = " --data " + file("blobs_split.pt") + " --loss model --threads 1 --out " + test::scratch_dir("own_loss_bad");
+  expect_usage_error("train --model " + file("labels_no_loss.pt") + more,
+                     "--loss model does not fit: the model returns a dict with keys logits, with no loss");
+  expect_usage_error("train --model " + file("dict_out_plain.pt") + more,
+                     "--loss model passes the targets as the model's last input, but its forward takes only (x)");
+  expect_usage_error("doctor --model mlp --loss model --threads 1 --out " + test::scratch_dir("own_loss_builtin"),
+                     "--loss model is for a TorchScript model that computes its loss; the built-in mlp does not");
 }
 
 TEST(ScriptedCliTest, BadModelsAndDataAreOneLineErrors) {

@@ -142,6 +142,14 @@ constexpr double kTensorFileValidFraction = 0.2;
 /// inputs that differ in number.
 DatasetSplit load_tensor_file(const std::string& path, uint64_t seed = 42);
 
+/// The split load_tensor_file makes, from tensors in memory (the Python front
+/// door): `x` holds one tensor per model input; empty `valid_x` means the seeded
+/// split. The same checks and conversions (float64 and half/bf16 read as fp32);
+/// errors name `source` where load_tensor_file names the file.
+DatasetSplit tensor_split(const std::vector<torch::Tensor>& x, const torch::Tensor& y,
+                          const std::vector<torch::Tensor>& valid_x, const torch::Tensor& valid_y, uint64_t seed = 42,
+                          const std::string& source = "data");
+
 /// Where Debian's `fortunes` package puts its text files: the built-in
 /// transformer's corpus (2.6 MB of English quotations, poems and definitions).
 constexpr const char* kFortunesDir = "/usr/share/games/fortunes";

@@ -46,7 +46,16 @@ class ScriptedSubmodule : public torch::nn::Module {
 /// tuple, namedtuple or list (torchvision's, torchaudio's and Hugging Face's
 /// outputs put the prediction first), said once in a notice. An output that does
 /// not fit is a c10::Error naming what the model returns, on the first forward.
-Model load_scripted_model(const std::string& path, const std::string& output = "");
+///
+/// `computes_loss`: the model computes its own loss (Hugging Face's models given
+/// labels): the Learner passes the targets as its last input, and the loss is a
+/// dict's "loss" entry, a scalar tensor output, or a tuple's scalar first element
+/// (Hugging Face's `(loss, logits)`); train it with model_loss(model).
+///
+/// Example:
+///   mixtrain::Model model = mixtrain::load_scripted_model("hf_classifier.pt", "", true);
+///   mixtrain::Learner learn(model, dls, mixtrain::model_loss(model));
+Model load_scripted_model(const std::string& path, const std::string& output = "", bool computes_loss = false);
 
 /// Whether `model` came from load_scripted_model.
 bool is_scripted(const Model& model);

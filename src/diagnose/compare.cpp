@@ -6,6 +6,7 @@
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/precision_callback.h"
 #include "mixtrain/callbacks/gradient_clip.h"
+#include "mixtrain/callbacks/stop_on_request.h"
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
@@ -175,6 +176,8 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
     std::cout << "doctor: trial " << d.trials.size() + 1 << ": " << c.fix.str() << std::endl;
     try {
       d.trials.push_back(run_trial(make_learner, o, initial, d.evidence, c, island ? &next : nullptr));
+    } catch (const callbacks::StopRequested&) {  // the user's stop is not a failed trial
+      throw;
     } catch (const std::exception& e) {  // a fix this model cannot take: the trial failed, and says why
       const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
       Trial failed;

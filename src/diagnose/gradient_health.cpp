@@ -55,7 +55,7 @@ GradientHealth measure_gradients(Learner& learn, const data::Batch& batch, doubl
   }
   const torch::Device device = learn.device();
   const data::Batch b = batch.to(device);
-  torch::Tensor pred = learn.model().forward(b.inputs());
+  torch::Tensor pred = learn.model().forward(learn.model().inputs_for(b));
   if (pred.is_floating_point()) pred = pred.to(torch::kFloat);
   learn.loss_fn()(pred, b.y).backward();
   GradientHealth h = gradient_health(module, scale);

@@ -154,7 +154,7 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
     std::optional<amp::Fp32Islands> islands;
     if (const auto mp = learn.get_cb<amp::MixedPrecision>(); mp && !mp->keep_fp32().empty()) islands.emplace(mp->keep_fp32(), std::make_shared<const amp::IslandParams>(amp::island_params(mp->keep_fp32(), module)));
     amp::OpTraceScope observe(&tracer);
-    torch::Tensor pred = learn.model().forward(b.inputs());
+    torch::Tensor pred = learn.model().forward(learn.model().inputs_for(b));
     autocast.reset();
     emulation.reset();
     if (pred.is_floating_point()) pred = pred.to(torch::kFloat);  // the loss runs in fp32, as in training

@@ -5,6 +5,7 @@
 #include "mixtrain/callbacks/checkpointer.h"
 #include "mixtrain/callbacks/csv_logger.h"
 #include "mixtrain/callbacks/data_parallel.h"
+#include "mixtrain/callbacks/stop_on_request.h"
 #include "mixtrain/callbacks/summary_writer.h"
 #include "mixtrain/callbacks/terminate_on_nan.h"
 #include "mixtrain/callbacks/tracker.h"
@@ -101,7 +102,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   const distributed::Env env = distributed::env_from_environment();
   const bool writer = env.rank == 0;
 
-  const auto split = load_split(r, env.world_size);  // data problems are reported before the run folder is created
+  const auto split = load_split(a, env.world_size);  // data problems are reported before the run folder is created
   std::string checkpoint;
   if (!a.resume.empty()) {
     if (r.ranks != env.world_size)
@@ -112,7 +113,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   }
   // The model, its fit to the data and the precision (fp32 islands name its modules)
   // are checked before the run folder is written.
-  const std::unique_ptr<Learner> learner = build_learner(r, split, writer);
+  const std::unique_ptr<Learner> learner = build_learner(a, split, writer);
   Learner& learn = *learner;
   learn.set_precision(r.precision, r.precision_options);
   if (a.resume.empty() && writer) start_folder(a, env.world_size);
@@ -206,17 +207,18 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   return result;
 }
 
-LrFindResult lr_find(RunArgs a) {
+LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   validate(a, Command::kLrFind);
   const RunConfig& r = a.config;
   const int threads = configure_threads(r.threads, thread_policy(r));
   torch::manual_seed(r.seed);
-  const auto split = load_split(r, /*world_size=*/1);
+  const auto split = load_split(a, /*world_size=*/1);
   if (a.out.empty()) a.out = RunFolder::default_path("lr_find-");
   const RunFolder folder(a.out);
   folder.prepare();
-  const auto learner = build_learner(r, split, /*progress=*/false);
+  const auto learner = build_learner(a, split, /*progress=*/false);
   learner->set_precision(r.precision, r.precision_options);
+  if (stop.requested) learner->add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
   const LrFindOptions& o = a.lr_find;
   const int64_t batches = learner->dls().train.num_batches();
   std::cout << "mixtrain lr_find: model " << r.model << ", lr " << o.start_lr() << " to " << o.end_lr() << " over "
@@ -237,7 +239,7 @@ LrFindResult lr_find(RunArgs a) {
   return res;
 }
 
-diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
+diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags& stop) {
   validate(a, Command::kDoctor);
   const RunConfig& r = a.config;
   if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16)
@@ -248,9 +250,9 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
     throw OptionError("lr", "mixtrain doctor takes one " + Phrase::name("lr") + ", got " + r.lr.str() +
                                 " (it trains the model as one parameter group)");
   const int threads = configure_threads(r.threads, thread_policy(r));
-  const auto split = load_split(r, /*world_size=*/1);
+  const auto split = load_split(a, /*world_size=*/1);
   // A bad island is an error before the baseline trains.
-  if (!r.precision_options.keep_fp32().empty()) amp::check_islands(r.precision_options.keep_fp32(), build_model(r).module());
+  if (!r.precision_options.keep_fp32().empty()) amp::check_islands(r.precision_options.keep_fp32(), build_model(a).module());
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
   const RunFolder folder(a.out);
   folder.prepare();
@@ -260,7 +262,9 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words) {
     std::cout << (built++ == 0 ? "doctor: 1/2 fp32 baseline"
                                : "doctor: 2/2 " + precision_name(r.precision) + " run, same seed, weights and data order")
               << std::endl;
-    return build_learner(r, split, /*progress=*/true);
+    auto learn = build_learner(a, split, /*progress=*/true);
+    if (stop.requested) learn->add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
+    return learn;
   };
   std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train samples, " << r.epochs
             << " epoch(s), lr " << r.lr.last() << ", bs " << r.bs << ", fp32 vs " << precision_name(r.precision) << ", "

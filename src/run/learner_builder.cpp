@@ -48,8 +48,9 @@ void apply_param_groups(const RunConfig& r, Learner& learn) {
 
 } // namespace
 
-data::DatasetSplit load_split(const RunConfig& r, int world_size) {
-  auto split = read_data(r);
+data::DatasetSplit load_split(const RunArgs& a, int world_size) {
+  const RunConfig& r = a.config;
+  auto split = a.data_source ? *a.data_source : read_data(r);
   if (r.limit > 0) split.train = split.train.head(r.limit);
   // Under data parallelism every rank gets its shard of the training set.
   const int64_t per_rank = split.train.size() / std::max(1, world_size);
@@ -74,48 +75,69 @@ ThreadPolicy thread_policy(const RunConfig& r) {
 
 Model build_model(const RunConfig& r) {
   const BuiltinModel* builtin = find_builtin_model(r.model);
-  return builtin ? builtin->build() : load_scripted_model(r.model, r.output);
+  if (builtin && r.loss == "model")
+    throw OptionError("loss", Phrase::setting("loss", "model") + " is for a TorchScript model that computes its loss; the built-in " +
+                                  r.model + " does not (" + Phrase::name("loss") + " cross_entropy, mse or bce_with_logits)");
+  return builtin ? builtin->build() : load_scripted_model(r.model, r.output, r.loss == "model");
 }
+
+Model build_model(const RunArgs& a) { return a.model_source ? a.model_source(a.config) : build_model(a.config); }
 
 bool is_sequence_classification(const data::DatasetSplit& split, const RunConfig& r) {
   const torch::Tensor& y = split.train.y;
   return r.loss == "cross_entropy" && y.defined() && y.dim() == 2 && !y.is_floating_point();
 }
 
-std::vector<Metric> metrics_for(const RunConfig& r, const data::DatasetSplit& split) {
+std::vector<Metric> metrics_for(const RunConfig& r, const data::DatasetSplit& split, const torch::Tensor& prediction) {
+  if (r.loss == "model") {
+    // A model's own loss says nothing about its targets; accuracy where the
+    // prediction is class scores [N, C] for class targets [N]. (A language model
+    // that shifts its labels inside would be misjudged by accuracy or perplexity
+    // on its logits; the validation loss says it.)
+    const torch::Tensor& y = split.train.y;
+    if (prediction.defined() && prediction.dim() == 2 && y.defined() && y.dim() == 1 && !y.is_floating_point())
+      return {accuracy()};
+    return {};
+  }
   if (is_sequence_classification(split, r)) return {accuracy(), perplexity()};
   if (r.loss == "cross_entropy") return {accuracy()};
   if (r.loss == "bce_with_logits") return {binary_accuracy()};
   return {};  // mse: the validation loss says it
 }
 
-void check_model_fits_data(Learner& learn) {
-  const data::Batch probe = data::Batch::head_of(learn.dls().train.dataset(), 2);
+torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, const data::Dataset& train) {
+  const data::Batch probe = data::Batch::head_of(train, 2);
   torch::NoGradGuard no_grad;
-  learn.model().module().eval();
+  model.module().eval();
+  torch::Tensor pred;
   try {
-    torch::Tensor pred = learn.model().forward(probe.inputs());
+    pred = model.forward(model.inputs_for(probe));
     if (pred.is_floating_point()) pred = pred.to(torch::kFloat);
-    learn.loss_fn()(pred, probe.y);
-  } catch (const OptionError&) {  // an option that does not fit the model (--output): it names itself
-    learn.model().module().train();
+    loss_fn(pred, probe.y);
+  } catch (const OptionError&) {  // an option that does not fit the model (--output, --loss model): it names itself
+    model.module().train();
     throw;
   } catch (const std::exception& e) {
-    learn.model().module().train();
+    model.module().train();
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    TORCH_CHECK(false, "the model does not run on the data: ",
-                detail::torch_error_cause(c10_error ? c10_error->what_without_backtrace() : e.what()));
+    // A Python caller gets a ValueError: it is the data (or the model) that is wrong, not the run.
+    throw OptionError("data", Phrase("the model does not run on the data: " +
+                                     detail::torch_error_cause(c10_error ? c10_error->what_without_backtrace() : e.what())));
   }
-  learn.model().module().train();
+  model.module().train();
+  return pred;
 }
 
-std::unique_ptr<Learner> build_learner(const RunConfig& r, const data::DatasetSplit& split, bool progress) {
-  auto options = LearnerOptions().metrics(metrics_for(r, split)).progress(progress).wd_bn_bias(r.wd_bn_bias);
+std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSplit& split, bool progress) {
+  const RunConfig& r = a.config;
+  Model model = build_model(a);
+  LossFn loss = r.loss == "model" ? model_loss(model) : loss_by_name(r.loss);
+  const torch::Tensor probe = check_model_fits_data(model, loss, split.train);
+  auto options = LearnerOptions().metrics(metrics_for(r, split, probe)).progress(progress).wd_bn_bias(r.wd_bn_bias);
   // A split point that names no layer is an OptionError("split_at") from the constructor (the splitter runs there).
   if (!r.split_at.empty()) options.splitter(split_at(split_names(r.split_at)));
-  auto learn = std::make_unique<Learner>(build_model(r), data::DataLoaders::from_split(split, r.bs, r.seed),
-                                         loss_by_name(r.loss), options);
-  check_model_fits_data(*learn);
+  auto learn = std::make_unique<Learner>(std::move(model), data::DataLoaders::from_split(split, r.bs, r.seed),
+                                         std::move(loss), options);
   apply_param_groups(r, *learn);
   // Orders 20 and 5: they run after / before the precision callbacks added later, whatever the insertion order.
   if (r.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(r.clip));

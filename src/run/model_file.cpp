@@ -39,7 +39,7 @@ void save_model(const Model& model, const std::string& path, const std::string& 
   write_file_atomically(path, bytes.str());
 }
 
-Model load_model(const std::string& path) {
+Model load_model(const std::string& path, const std::string& output) {
   std::error_code ec;
   TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
   torch::serialize::InputArchive archive;
@@ -69,7 +69,7 @@ Model load_model(const std::string& path) {
       b.value().copy_(saved);
     }
   } else {
-    model = load_scripted_model(path);
+    model = load_scripted_model(path, output);
   }
   model.module().eval();
   return model;

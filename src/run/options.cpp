@@ -132,7 +132,9 @@ std::vector<Option> make_table() {
           .stored().no_default().field<std::string>(MIXTRAIN_CONFIG(data)));
   add(Def("model", "--model", ValueType::kText, kT | kD | kL, model_help).stored().field<std::string>(MIXTRAIN_CONFIG(model)));
   add(Def("loss", "--loss", ValueType::kText, kT | kD | kL,
-          "Loss: cross_entropy (classes; also [N, T, C] sequences), mse, bce_with_logits")
+          "Loss: cross_entropy (classes; also [N, T, C] sequences), mse, bce_with_logits, or model: a TorchScript model "
+          "that computes its loss takes the targets as its last input and returns it (a dict's 'loss', a scalar, or "
+          "(loss, logits))")
           .added_later().field<std::string>(MIXTRAIN_CONFIG(loss)));
   add(Def("output", "--output", ValueType::kText, kT | kD | kL,
           "Which part of a TorchScript model's structured output is the prediction: a dict key or namedtuple field "
@@ -391,10 +393,10 @@ void validate(const RunArgs& args, Command command) {
   check_option(r.limit == -1 || r.limit >= 1, "limit", r.limit, "must be >= 1");
   at_least("threads", r.threads, 0);
   one_of("thread_policy", r.thread_policy, {"auto", "intra_op", "blas"});
-  if (!find_builtin_model(r.model) && !fs::is_regular_file(r.model))
+  if (!args.model_source && !find_builtin_model(r.model) && !fs::is_regular_file(r.model))
     throw OptionError("model", "unknown " + Phrase::name("model") + " '" + r.model + "': not a built-in model (" +
                                    builtin_model_list() + ") " + (fs::exists(r.model) ? "and not a file" : "and no such file"));
-  one_of("loss", r.loss, {"cross_entropy", "mse", "bce_with_logits"});
+  one_of("loss", r.loss, {"cross_entropy", "mse", "bce_with_logits", "model"});
   check_option(r.clip >= 0 && std::isfinite(r.clip), "clip", format_number(r.clip), "must be > 0");
   at_least("accum", r.accum, 1);
   if (train) {
@@ -421,7 +423,7 @@ void validate(const RunArgs& args, Command command) {
   if (command != Command::kDoctor && (r.precision == Precision::kFp16 || r.precision == Precision::kBf16))
     amp::check_precision_supported(compute_dtype(r.precision), torch::kCPU, r.precision_options.allow_fp16_emulation(),
                                    /*notice=*/false);  // the fit says it, once it runs
-  if (!r.data.empty() && !fs::exists(r.data))
+  if (!args.data_source && !r.data.empty() && !fs::exists(r.data))
     throw OptionError("data", Phrase::name("data") + " " + r.data + " not found");
 }
 

@@ -223,4 +223,78 @@ class IntParam(nn.Module):
 
 torch.jit.script(IntParam()).save(path("int_param.pt"))
 torch.jit.script(MaskedMLP().body[0]).save(path("linear_20_32.pt"))  # output 32 wide: does not fit 3 classes
+
+# ---- Models that compute their own loss, as Hugging Face's do when given labels.
+from typing import Optional
+import torch.nn.functional as F
+
+
+class HfDictLoss(nn.Module):  # {"logits": ..., "loss": ...} given labels
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+        self.classifier = nn.Linear(32, 3)
+
+    def forward(self, x, labels: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+        out = {"logits": self.classifier(self.body(x))}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(out["logits"], labels)
+        return out
+
+
+class HfTupleLoss(nn.Module):  # return_dict=False: (loss, logits) given labels
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+        self.classifier = nn.Linear(32, 3)
+
+    def forward(self, x, labels: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+        logits = self.classifier(self.body(x))
+        loss: Optional[torch.Tensor] = None
+        if labels is not None:
+            loss = F.cross_entropy(logits, labels)
+        return loss, logits
+
+
+class LossOnly(nn.Module):  # returns nothing but its loss
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 3))
+
+    def forward(self, x, labels):
+        return F.cross_entropy(self.net(x), labels)
+
+
+class OverflowDict(nn.Module):  # a dict output whose projection overflows fp16 on normalized inputs
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(20, 32)
+        self.norm = nn.LayerNorm(32)
+        self.classifier = nn.Linear(32, 3)
+
+    def forward(self, x) -> Dict[str, torch.Tensor]:
+        return {"logits": self.classifier(self.norm(self.proj(x)))}
+
+
+class TakesLabelsNoLoss(nn.Module):  # takes labels but never returns a loss
+    def __init__(self):
+        super().__init__()
+        self.classifier = nn.Linear(20, 3)
+
+    def forward(self, x, labels: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+        return {"logits": self.classifier(x)}
+
+
+torch.manual_seed(5)
+torch.jit.script(TakesLabelsNoLoss()).save(path("labels_no_loss.pt"))
+torch.jit.script(HfDictLoss()).save(path("hf_dict_loss.pt"))
+torch.jit.script(HfTupleLoss()).save(path("hf_tuple_loss.pt"))
+torch.jit.script(LossOnly()).save(path("loss_only.pt"))
+torch.jit.script(DictNet()).save(path("dict_out_plain.pt"))  # the dict model for the plain-loop comparison
+overflow = OverflowDict()
+with torch.no_grad():
+    overflow.proj.weight.mul_(50000)
+torch.jit.script(overflow).save(path("dict_overflow.pt"))
+# The blobs with a validation set of their own, so a plain PyTorch loop sees the same split.
+torch.save({"x": blob_x[:768], "y": blob_y[:768], "valid_x": blob_x[768:], "valid_y": blob_y[768:]}, path("blobs_split.pt"))
 print("exported to", out)

@@ -45,11 +45,13 @@ RunArgs resume_args(const std::string& folder, int threads = -1);
 TrainResult train(RunArgs args, const StopFlags& stop = {});
 
 /// fastai's learning-rate finder on the model and data args name; writes
-/// OUT/lr_find.svg and OUT/lr_find.csv and prints the suggestions.
-LrFindResult lr_find(RunArgs args);
+/// OUT/lr_find.svg and OUT/lr_find.csv and prints the suggestions. A stop
+/// request ends the sweep with callbacks::StopRequested (the weights restored).
+LrFindResult lr_find(RunArgs args, const StopFlags& stop = {});
 
 /// The fp32-vs-mixed comparison and its verdict; writes OUT/diagnosis.json and
-/// the charts, and prints the report with options named in `words`.
-diagnose::Diagnosis doctor(RunArgs args, const OptionWords& words = api_words());
+/// the charts, and prints the report with options named in `words`. A stop
+/// request ends it with callbacks::StopRequested after the batch in flight.
+diagnose::Diagnosis doctor(RunArgs args, const OptionWords& words = api_words(), const StopFlags& stop = {});
 
 } // namespace mixtrain::run

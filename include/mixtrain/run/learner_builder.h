@@ -6,6 +6,7 @@
 
 #include "mixtrain/data.h"
 #include "mixtrain/learner.h"
+#include "mixtrain/run/options.h"
 #include "mixtrain/run/run_config.h"
 #include "mixtrain/threads.h"
 
@@ -13,10 +14,11 @@
 
 namespace mixtrain::run {
 
-/// Loads the data the configuration names (or the model's own), applies its
-/// limit, and checks that each of `world_size` ranks gets a full batch and an
-/// optimizer step. Throws OptionError (data, bs, accum) or c10::Error naming the problem.
-data::DatasetSplit load_split(const RunConfig& config, int world_size);
+/// Loads the data the configuration names (or the model's own, or the args'
+/// data_source), applies its limit, and checks that each of `world_size` ranks
+/// gets a full batch and an optimizer step. Throws OptionError (data, bs, accum)
+/// or c10::Error naming the problem.
+data::DatasetSplit load_split(const RunArgs& args, int world_size);
 
 /// Where the threads go: the configuration's thread_policy, or the model's own
 /// (the registry's; intra_op for a TorchScript model) when it is "auto".
@@ -24,25 +26,32 @@ ThreadPolicy thread_policy(const RunConfig& config);
 
 /// The model the configuration names: a built-in one, or a TorchScript file.
 Model build_model(const RunConfig& config);
+/// The args' model_source when they have one, else the configuration's model.
+Model build_model(const RunArgs& args);
 
 /// Whether the data is a sequence of classes (integer targets [N, T]): a
 /// language model, built-in or TorchScript. Such runs report perplexity.
 bool is_sequence_classification(const data::DatasetSplit& split, const RunConfig& config);
 
 /// The metrics the loss and data call for: accuracy for classes (and perplexity
-/// for sequences), binary accuracy for bce_with_logits, none for mse.
-std::vector<Metric> metrics_for(const RunConfig& config, const data::DatasetSplit& split);
+/// for sequences), binary accuracy for bce_with_logits, none for mse; for a
+/// model's own loss, accuracy when `prediction` (a probe's) is class scores [N, C]
+/// for class targets [N], else none.
+std::vector<Metric> metrics_for(const RunConfig& config, const data::DatasetSplit& split,
+                                const torch::Tensor& prediction = {});
 
 /// The Learner `train`, `doctor` and `lr_find` share, in fp32 (the caller sets
 /// the precision): model, data, loss and metrics, parameter groups and freezing,
 /// clipping and accumulation. Throws OptionError for a bad split_at, lr count or
-/// freeze_to, and c10::Error when the model does not run on the data (one line
-/// saying why, checked on two samples before anything trains).
-std::unique_ptr<Learner> build_learner(const RunConfig& config, const data::DatasetSplit& split, bool progress);
+/// freeze_to, and OptionError("data") when the model does not run on the data
+/// (one line saying why, checked on two samples before anything trains).
+std::unique_ptr<Learner> build_learner(const RunArgs& args, const data::DatasetSplit& split, bool progress);
 
-/// One forward and loss on two samples in eval mode; throws c10::Error with one
-/// line saying why a model that does not fit the data (input count, output
-/// shape, target dtype) fails.
-void check_model_fits_data(Learner& learn);
+/// One forward and loss on the first two samples of `train` in eval mode, before
+/// anything is built on the model; returns the prediction (fp32). Throws
+/// OptionError("data") with one line saying why a model that does not fit the data (input
+/// count, output shape, target dtype) fails, and the OptionError of an output or
+/// loss choice that does not fit what the model returns.
+torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, const data::Dataset& train);
 
 } // namespace mixtrain::run

@@ -18,12 +18,14 @@ namespace mixtrain {
 void save_model(const Model& model, const std::string& path, const std::string& builtin_name = "");
 
 /// Loads a file written by save_model, or any TorchScript file, in eval mode.
-/// Throws c10::Error with one line naming the problem.
+/// A TorchScript model that returns a structure predicts with `output` (its
+/// run's `output` in args.json; load_scripted_model's rule). Throws c10::Error
+/// with one line naming the problem.
 ///
 /// Example:
 ///   mixtrain::Model model = mixtrain::load_model("run/model.pt");
 ///   torch::Tensor logits = mixtrain::predict(model, {images});
-Model load_model(const std::string& path);
+Model load_model(const std::string& path, const std::string& output = "");
 
 /// Runs `model` on `inputs` (dim 0 indexes samples; several tensors for a model
 /// with several inputs) in eval mode, without gradients, in batches of

@@ -17,8 +17,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace mixtrain {
+class Model;
+namespace data {
+struct DatasetSplit;
+} // namespace data
+} // namespace mixtrain
 
 namespace mixtrain::run {
 
@@ -42,6 +50,13 @@ struct RunArgs {
   LrFindOptions lr_find;        ///< the sweep's range and length (lr_find)
   int64_t max_trials = 4;       ///< doctor: candidate fixes tried after a problem verdict
   bool no_trials = false;       ///< doctor: try none
+  /// A model in memory instead of config.model (the Python front door: the
+  /// user's module). Called once per Learner the command builds, it returns a
+  /// Model for `config` (its output and loss): the doctor builds several and
+  /// copies the first one's initial weights into the others.
+  std::function<Model(const RunConfig&)> model_source;
+  /// Data in memory instead of config.data (the Python front door: the user's tensors).
+  std::shared_ptr<const data::DatasetSplit> data_source;
   int64_t interrupt_at_step = -1;        ///< testing aid: raise SIGINT after this training step
   int64_t abort_at_step = -1;            ///< testing aid: the last rank aborts after this step
   int64_t inject_overflow_at_step = -1;  ///< testing aid: the last rank's gradients get an inf here
