@@ -17,7 +17,8 @@ OptionError::OptionError(std::string key, Phrase message)
 
 Phrase OptionError::phrase() const {
   if (requirement_.empty()) return phrase_;
-  return "invalid " + Phrase::name(key_) + " " + value_ + ": " + requirement_;
+  // The value as the reader sets it: "--bs 0" on the command line, "bs=0" in Python.
+  return "invalid " + Phrase::setting(key_, value_) + ": " + requirement_;
 }
 
 } // namespace mixtrain

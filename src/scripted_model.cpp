@@ -3,6 +3,7 @@
 
 #include "first_line.h"
 #include "mixtrain/atomic_file.h"
+#include "mixtrain/compat.h"
 #include "mixtrain/module_scope.h"
 #include "mixtrain/option_error.h"
 
@@ -59,6 +60,13 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       explicit Resolving(detail::ScriptPathResolver* r) : previous(detail::set_script_path_resolver(r)) {}
       ~Resolving() { detail::set_script_path_resolver(previous); }
     } resolving(this);
+    // TorchScript's optimizing executor (on a GPU, where fusion comes from) unless
+    // every op must be seen one by one: the emulation, islands and the tracer
+    // watch the dispatcher, and autocast is left to the dispatcher's Autocast
+    // keys (the executor's own autocast pass differs from eager autocast).
+    const bool plain = detail::ops_observed() || compat::is_autocast_enabled(c10::DeviceType::CPU) ||
+                       compat::is_autocast_enabled(c10::DeviceType::CUDA);
+    const torch::jit::GraphOptimizerEnabledGuard executor(!plain);
     c10::IValue out = script_.forward(std::move(args));
     return output_of(out);
   }
@@ -249,14 +257,21 @@ ScriptedSubmodule::ScriptedSubmodule(const torch::jit::Module& script) : python_
   for (const auto& c : script.named_children()) register_module(c.name, std::make_shared<ScriptedSubmodule>(c.value));
 }
 
+Model scripted_model(torch::jit::Module script, const std::string& output, bool computes_loss, const std::string& name) {
+  TORCH_CHECK(script.find_method("forward"), name, " has no forward method");
+  for (const auto& p : script.named_parameters())
+    TORCH_CHECK(p.value.is_floating_point(), name, ": parameter '", p.name, "' is ", p.value.scalar_type(),
+                "; mixtrain trains floating-point parameters");
+  auto module = std::make_shared<ScriptedModel>(std::move(script));
+  module->select_output(output, computes_loss);
+  TORCH_CHECK(!module->parameters().empty(), name, " has no parameters to train");
+  // The forward's own check names the inputs, so the Model takes any count.
+  return Model(module, [module](const ModelInputs& in) { return module->forward(in); }, -1, computes_loss);
+}
+
 Model load_scripted_model(const std::string& path, const std::string& output, bool computes_loss) {
   std::error_code ec;
   TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
-  // Plain graph execution: every aten op goes through the dispatcher one by one,
-  // so fp16 emulation and the overflow tracer see each of them (the optimizing
-  // executor may fuse or specialize ops). The CPU gains nothing from it here.
-  static std::once_flag once;
-  std::call_once(once, [] { torch::jit::setGraphExecutorOptimize(false); });
   torch::jit::Module script;
   try {
     script = torch::jit::load(path);
@@ -264,15 +279,7 @@ Model load_scripted_model(const std::string& path, const std::string& output, bo
     TORCH_CHECK(false, path, " is not a TorchScript file (write one with torch.jit.script(model).save(path) ",
                 "or torch.jit.trace): ", detail::first_line(e.what()));
   }
-  TORCH_CHECK(script.find_method("forward"), path, " has no forward method");
-  for (const auto& p : script.named_parameters())
-    TORCH_CHECK(p.value.is_floating_point(), path, ": parameter '", p.name, "' is ", p.value.scalar_type(),
-                "; mixtrain trains floating-point parameters");
-  auto module = std::make_shared<ScriptedModel>(std::move(script));
-  module->select_output(output, computes_loss);
-  TORCH_CHECK(!module->parameters().empty(), path, " has no parameters to train");
-  // The forward's own check names the inputs, so the Model takes any count.
-  return Model(module, [module](const ModelInputs& in) { return module->forward(in); }, -1, computes_loss);
+  return scripted_model(std::move(script), output, computes_loss, path);
 }
 
 bool is_scripted(const Model& model) { return dynamic_cast<const ScriptedModel*>(model.ptr().get()) != nullptr; }

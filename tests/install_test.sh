@@ -20,3 +20,10 @@ echo "$out"
 echo "$out" | grep -q "quickstart: valid accuracy"
 acc=$(echo "$out" | sed -n 's/.*valid accuracy \([0-9.]*\).*/\1/p')
 awk -v a="$acc" 'BEGIN { exit !(a > 0.9) }'
+# The Python package, where the build made one: importable from the prefix alone.
+if ls "$build_dir"/python/mixtrain/_native*.so >/dev/null 2>&1; then
+  site="$work/prefix/lib/python3/dist-packages"
+  where=$(cd "$work" && PYTHONPATH="$site" /usr/bin/python3 -c "import mixtrain; print(mixtrain.__file__)")
+  echo "python: $where"
+  test "$where" = "$site/mixtrain/__init__.py"
+fi

@@ -139,7 +139,7 @@ TEST(RunOptionsTest, ErrorsCarryTheKeyAndEachFrontEndNamesItInItsWords) {
     EXPECT_EQ(e.key(), "growth_factor");
     EXPECT_NE(std::string(e.what()).find("Invalid growth_factor: 1 (must be > 1)"), std::string::npos);
     EXPECT_EQ(e.message(flag_words()), "invalid --growth-factor 1: must be > 1");
-    EXPECT_EQ(e.message(keyword_words()), "invalid growth_factor 1: must be > 1");
+    EXPECT_EQ(e.message(keyword_words()), "invalid growth_factor=1: must be > 1");  // as Python writes the call
   }
   const Phrase fix = "start the scaler lower: " + Phrase::setting("init_scale", "256") + ", or " +
                      Phrase::setting("precision", "bf16") + " without " + Phrase::name("no_emulation");

@@ -17,6 +17,9 @@
 ///     return x + mlp->forward(x);
 ///   }
 
+#include <c10/core/DispatchKey.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include <string>
 #include <vector>
 
@@ -58,6 +61,14 @@ class ScriptPathResolver {
 };
 /// Installs `r` for this thread (nullptr removes it); returns the previous one.
 ScriptPathResolver* set_script_path_resolver(ScriptPathResolver* r);
+
+/// The dispatch key amp's per-op modes (fp16/bf16 emulation, fp32 islands, the
+/// overflow tracer) work through, here so core code can ask whether they are on.
+constexpr c10::DispatchKey kOpModeKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+/// Whether one of those modes watches this thread's ops: a scripted model must
+/// then run TorchScript's plain executor, which dispatches every op one by one.
+inline bool ops_observed() { return c10::impl::tls_is_dispatch_key_included(kOpModeKey); }
 } // namespace detail
 
 } // namespace mixtrain

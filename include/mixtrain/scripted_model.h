@@ -57,7 +57,14 @@ class ScriptedSubmodule : public torch::nn::Module {
 ///   mixtrain::Learner learn(model, dls, mixtrain::model_loss(model));
 Model load_scripted_model(const std::string& path, const std::string& output = "", bool computes_loss = false);
 
-/// Whether `model` came from load_scripted_model.
+/// The Model of a TorchScript module already in memory (Python's module object,
+/// handed over by the Python front door): load_scripted_model without the file.
+/// The Model trains `script` itself (its tensors, not copies). `name` names it in
+/// errors.
+Model scripted_model(torch::jit::Module script, const std::string& output = "", bool computes_loss = false,
+                     const std::string& name = "the model");
+
+/// Whether `model` came from load_scripted_model or scripted_model.
 bool is_scripted(const Model& model);
 
 /// Writes a scripted model as TorchScript to `path` (atomically), with its

@@ -5,6 +5,7 @@
 // one fallback. Each behaviour has a thread-local depth; the key is included
 // while any depth is positive.
 
+#include "mixtrain/module_scope.h"
 #include "mixtrain/amp/op_trace.h"
 
 #include <ATen/core/Tensor.h>
@@ -57,7 +58,7 @@ bool is_marked(const at::Tensor& t);
 /// The dtype the thread's emulation rounds through (Undefined when off).
 c10::ScalarType emulated_dtype();
 
-/// The key our fallback is registered on.
-constexpr c10::DispatchKey kModeKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+/// The key our fallback is registered on (core's name for it: module_scope.h).
+constexpr c10::DispatchKey kModeKey = mixtrain::detail::kOpModeKey;
 
 } // namespace mixtrain::amp::detail

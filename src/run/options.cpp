@@ -559,7 +559,7 @@ RunConfig RunConfig::from_json(const std::string& text) {
     try {
       o.set(a, value);
     } catch (const OptionError& e) {
-      TORCH_CHECK(false, "field '", o.key, "': ", e.message(api_words()));
+      TORCH_CHECK(false, "field '", o.key, "': ", e.what_without_backtrace());
     }
   }
   return a.config;

@@ -1,0 +1,206 @@
+// The Python front door's native half: the run layer (mixtrain/run/commands.h)
+// on the caller's own TorchScript module and tensors, with no files and no
+// copies. The Python half (mixtrain/__init__.py) scripts or traces an eager
+// module, turns keyword arguments into the option table's text and wraps the
+// results; what is here is what needs C++: the handover, the GIL, Ctrl-C, and
+// errors as Python exceptions.
+#include <torch/extension.h>
+
+#include <pybind11/iostream.h>
+#include <pybind11/stl.h>
+
+#include <mixtrain/callbacks/stop_on_request.h>
+#include <mixtrain/data.h>
+#include <mixtrain/option_error.h>
+#include <mixtrain/run/commands.h>
+#include <mixtrain/scripted_model.h>
+
+#include <atomic>
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+namespace run = mixtrain::run;
+
+namespace {
+
+// ---- Ctrl-C: Python's own handler runs only between bytecodes, so while a run
+// is in flight (GIL released) SIGINT sets the run's stop flag instead.
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void on_sigint(int) { g_stop_requested = true; }
+
+class SigintStopsTheRun {
+ public:
+  SigintStopsTheRun() {
+    g_stop_requested = false;
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    installed_ = ::sigaction(SIGINT, &sa, &previous_) == 0;
+  }
+  ~SigintStopsTheRun() {
+    if (installed_) ::sigaction(SIGINT, &previous_, nullptr);
+  }
+  SigintStopsTheRun(const SigintStopsTheRun&) = delete;
+  SigintStopsTheRun& operator=(const SigintStopsTheRun&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+  bool installed_ = false;
+};
+
+struct KeyboardInterrupt {};  // thrown with the GIL released, raised as Python's once it is back
+
+run::Command command_of(const std::string& name) {
+  for (run::Command c : {run::Command::kTrain, run::Command::kDoctor, run::Command::kLrFind})
+    if (name == run::command_name(c)) return c;
+  throw py::value_error("unknown command '" + name + "' (train, doctor, lr_find)");
+}
+
+const char* type_name(run::ValueType t) {
+  switch (t) {
+    case run::ValueType::kSwitch: return "switch";
+    case run::ValueType::kInt: return "int";
+    case run::ValueType::kNumber: return "number";
+    case run::ValueType::kText: return "text";
+    case run::ValueType::kLrs: return "lrs";
+    case run::ValueType::kList: return "list";
+  }
+  return "text";
+}
+
+/// The keyword arguments `command` takes: the option table's rows as Python sees them.
+py::list options(const std::string& command) {
+  const run::Command c = command_of(command);
+  const run::RunArgs defaults = run::defaults_for(c);
+  py::list out;
+  for (const run::Option& o : run::options()) {
+    if (!o.takes(c) || o.hidden || o.flag.empty()) continue;
+    py::dict row;
+    row["key"] = o.key;
+    row["type"] = type_name(o.type);
+    row["default"] = o.get(defaults);
+    row["help"] = o.help_in(c);
+    out.append(row);
+  }
+  return out;
+}
+
+/// A deep copy of `script` whose parameters are leaves, as the originals are
+/// (a clone under autograd would make them outputs of clone, which no optimizer takes).
+torch::jit::Module copy_of(const torch::jit::Module& script) {
+  torch::jit::Module copy;
+  {
+    torch::NoGradGuard no_grad;
+    copy = script.clone();
+  }
+  const auto originals = script.named_parameters();
+  auto o = originals.begin();
+  for (const auto& p : copy.named_parameters()) {
+    p.value.requires_grad_((*o).value.requires_grad());
+    ++o;
+  }
+  return copy;
+}
+
+/// One run of `command` on the caller's module (torch._C.ScriptModule) and tensors.
+/// `settings` are keyword arguments as the table's text; `out` the run folder
+/// (the Python half passes a temporary one when the caller gave none).
+py::dict run_command(const std::string& command, const py::object& script_object, const std::string& model_name,
+                     const std::vector<at::Tensor>& x, const at::Tensor& y, const std::vector<at::Tensor>& valid_x,
+                     const c10::optional<at::Tensor>& valid_y, const std::map<std::string, std::string>& settings,
+                     const std::string& out) {
+  const run::Command c = command_of(command);
+  run::RunArgs args = run::defaults_for(c);
+  for (const auto& [key, text] : settings) {
+    const run::Option* o = run::find_option(key);
+    if (!o || !o->takes(c) || o->hidden)
+      throw py::type_error(std::string(run::command_name(c)) + "() got an unexpected keyword argument '" + key + "'");
+    o->set(args, text);  // an OptionError: ValueError, in Python's words
+  }
+  args.out = out;
+  args.config.model = model_name;  // reports name it; the model itself comes from model_source
+  args.config.data = "";
+  try {
+    args.data_source = std::make_shared<const mixtrain::data::DatasetSplit>(mixtrain::data::tensor_split(
+        x, y, valid_x, valid_y ? *valid_y : at::Tensor(), args.config.seed, "data"));
+  } catch (const c10::Error& e) {
+    throw py::value_error(e.what_without_backtrace());
+  }
+  // TorchScript's module type is registered by torch's own extension; the
+  // pybind11 internals are shared (same compiler ABI), so this is no copy.
+  const torch::jit::Module script = script_object.cast<torch::jit::Module>();
+  // train trains the caller's module in place; the doctor and lr_find work on copies.
+  const bool in_place = c == run::Command::kTrain;
+  args.model_source = [script, in_place, model_name](const run::RunConfig& config) {
+    return mixtrain::scripted_model(in_place ? script : copy_of(script), config.output, config.loss == "model", model_name);
+  };
+  // bf16-master stores the model in bf16 while it trains; the caller's module gets its dtypes back, also after Ctrl-C.
+  struct DtypesRestored {
+    std::vector<std::pair<at::Tensor, c10::ScalarType>> dtypes;
+    ~DtypesRestored() {
+      torch::NoGradGuard no_grad;
+      for (auto& [p, dtype] : dtypes)
+        if (p.scalar_type() != dtype) p.set_data(p.to(dtype));
+    }
+  } restored;
+  for (const auto& p : script.named_parameters()) restored.dtypes.emplace_back(p.value, p.value.scalar_type());
+
+  py::dict result;
+  py::scoped_ostream_redirect to_stdout(std::cout, py::module_::import("sys").attr("stdout"));
+  py::scoped_ostream_redirect to_stderr(std::cerr, py::module_::import("sys").attr("stderr"));
+  const SigintStopsTheRun sigint;
+  const run::StopFlags stop{&g_stop_requested, nullptr};
+  {
+  py::gil_scoped_release released;  // Python's other threads run while the model trains
+  if (c == run::Command::kTrain) {
+    const run::TrainResult r = run::train(args, stop);
+    if (r.end == run::TrainResult::End::kInterrupted) throw KeyboardInterrupt{};
+    py::gil_scoped_acquire held;
+    result["stopped"] = r.end == run::TrainResult::End::kStopped ? py::object(py::str(r.message.str(run::keyword_words())))
+                                                                  : py::object(py::none());
+  } else if (c == run::Command::kDoctor) {
+    const mixtrain::diagnose::Diagnosis d = run::doctor(args, run::keyword_words(), stop);
+    py::gil_scoped_acquire held;
+    result["diagnosis"] = d.to_json(run::keyword_words());
+    result["report"] = d.report(run::keyword_words());
+  } else {
+    const mixtrain::LrFindResult r = run::lr_find(args, stop);
+    py::gil_scoped_acquire held;
+    result["valley"] = r.valley;
+    result["steep"] = r.steep;
+    result["minimum"] = r.minimum;
+    result["lrs"] = r.lrs;
+    result["losses"] = r.losses;
+    result["diverged"] = r.diverged;
+    result["svg"] = r.svg();
+  }
+  }  // the GIL is back before `result` is handed over
+  return result;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "mixtrain's run layer for Python's module objects and tensors (use the mixtrain package)";
+  m.def("options", &options, py::arg("command"));
+  m.def("run", &run_command, py::arg("command"), py::arg("script"), py::arg("model_name"), py::arg("x"), py::arg("y"),
+        py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"));
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const KeyboardInterrupt&) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+    } catch (const mixtrain::callbacks::StopRequested&) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+    } catch (const mixtrain::OptionError& e) {  // "invalid bs=0: must be >= 1", as Python writes the call
+      PyErr_SetString(PyExc_ValueError, e.message(run::keyword_words()).c_str());
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      PyErr_SetString(PyExc_RuntimeError, what.substr(0, what.find('\n')).c_str());
+    }
+  });
+}

@@ -1,0 +1,214 @@
+"""The Python front door (python/mixtrain), as a notebook user calls it: eager
+models and tensors in, a Diagnosis / Result / LrFind out, no files unless asked.
+Run by ctest (PythonFrontDoor) with PYTHONPATH set to the build tree's package.
+"""
+import os
+import signal
+import threading
+import time
+from typing import Dict
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mixtrain
+
+
+def blobs(n=1024, seed=0):
+    """Three nearly separable classes in 20 dimensions, normalized."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 20, generator=g)
+    y = (x @ torch.randn(20, 3, generator=torch.Generator().manual_seed(2))).argmax(1)
+    return x, y
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+class Overflowing(nn.Module):
+    """A projection whose outputs pass fp16's 65504 on normalized inputs, then normalized."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(20, 32)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 3)
+        with torch.no_grad():
+            self.proj.weight.mul_(50000)
+
+    def forward(self, x):
+        return self.head(self.norm(self.proj(x)))
+
+
+class DictOut(nn.Module):  # Hugging Face's shape
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+        self.classifier = nn.Linear(32, 3)
+
+    def forward(self, x) -> Dict[str, torch.Tensor]:
+        h = self.body(x)
+        return {"hidden": h, "logits": self.classifier(h)}
+
+
+class Unscriptable(Mlp):
+    def forward(self, *inputs):  # TorchScript has no *args; tracing takes the inputs as they come
+        return self.head(self.body(inputs[0]))
+
+
+FAST = dict(bs=32, lr=1e-2, threads=1)
+
+
+@pytest.fixture(autouse=True)
+def seeded(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    monkeypatch.chdir(tmp_path)  # a run that wrote files by default would leave them here
+
+
+def test_the_doctor_names_an_overflowing_layer_and_proves_its_fix(tmp_path):
+    d = mixtrain.doctor(Overflowing(), blobs(), **FAST)
+    assert d.verdict == "forward_overflow", d.report
+    assert d.evidence["first_overflow"]["where"] == "proj (aten::linear)"
+    assert d.proven_fix is not None, d.report
+    assert d.proven_fix["flags"] == 'keep_fp32=["proj"]'  # in Python's words, ready to pass back
+    assert "keep_fp32=" in d.fixes[0]
+    assert d.model_source == "scripted with torch.jit.script"
+    assert "<svg" in d._repr_html_() and "forward_overflow" in d._repr_html_()
+    assert os.listdir(tmp_path) == []  # out=None writes nothing
+
+
+def test_the_proven_fix_passed_back_trains_without_overflow():
+    model = Overflowing()
+    r = mixtrain.train(model, blobs(), precision="fp16", epochs=3, keep_fp32=["proj"], **FAST)
+    assert r.skipped_steps == 0 and r.stopped is None
+    assert r.epochs[-1]["accuracy"] > 0.8
+
+
+def test_a_healthy_eager_model_is_healthy_and_out_keeps_the_files(tmp_path):
+    d = mixtrain.doctor(Mlp(), blobs(), out=tmp_path / "run", **FAST)
+    assert d.verdict == "healthy", d.report
+    assert d.healthy and d.proven_fix is None
+    assert sorted(os.listdir(tmp_path / "run")) == ["diagnosis.json", "loss.svg", "scale.svg"]
+    assert d.to_dict()["verdict"] == "healthy"
+
+
+def test_train_trains_the_module_in_place_and_python_calls_it():
+    model = Mlp()
+    before = model.head.weight.detach().clone()
+    x, y = blobs()
+    vx, vy = blobs(256, seed=1)
+    r = mixtrain.train(model, (x, y), valid=(vx, vy), precision="fp16", epochs=3, **FAST)
+    assert len(r.epochs) == 3 and set(r.steps) >= {"loss", "lr", "scale", "skipped"}
+    assert r.summary["precision"] == "fp16" and r.summary["emulated"] is True
+    assert "loss" in r.charts and "scale" in r.charts
+    with torch.no_grad():
+        accuracy = (r.model(vx).argmax(1) == vy).float().mean().item()
+        eager = (model(vx).argmax(1) == vy).float().mean().item()
+    assert accuracy > 0.85
+    assert abs(accuracy - r.epochs[-1]["accuracy"]) <= 3 / 256  # fp32 inference vs fp16-validated training
+    assert eager == accuracy  # the scripted module shares the eager one's parameters
+    assert not torch.equal(before, model.head.weight)
+    assert model.head.weight.dtype == torch.float32
+
+
+def test_lr_find_suggests_and_draws():
+    f = mixtrain.lr_find(Mlp(), blobs(), bs=32, threads=1, num_it=40)
+    assert 1e-7 < f.steep < 10 and 1e-7 < f.valley < 10
+    assert len(f.lrs) == len(f.losses) <= 40
+    assert f._repr_svg_().startswith("<svg")
+
+
+def test_bad_data_and_arguments_raise_value_error():
+    x, y = blobs()
+    with pytest.raises(ValueError, match=r"data must be \(x, y\)"):
+        mixtrain.doctor(Mlp(), x)
+    with pytest.raises(ValueError, match="x\\[1\\] is a str, not a tensor"):
+        mixtrain.train(Mlp(), ([x, "mask"], y), **FAST)
+    with pytest.raises(ValueError, match="x has 1024 samples but y has 100"):
+        mixtrain.train(Mlp(), (x, y[:100]), **FAST)
+    with pytest.raises(ValueError, match="the model does not run on the data"):
+        mixtrain.train(Mlp(), (x[:, :10], y), **FAST)
+    with pytest.raises(ValueError, match="bs=0"):
+        mixtrain.train(Mlp(), (x, y), bs=0)
+    with pytest.raises(ValueError, match="invalid growth_factor=1"):
+        mixtrain.train(Mlp(), (x, y), precision="fp16", growth_factor=1, **FAST)
+    with pytest.raises(ValueError, match="invalid epochs='3'"):
+        mixtrain.train(Mlp(), (x, y), epochs="3")
+    with pytest.raises(ValueError, match="keep_fp32"):
+        mixtrain.train(Mlp(), (x, y), precision="fp16", keep_fp32=["nothere"], **FAST)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'epoch'"):
+        mixtrain.train(Mlp(), (x, y), epoch=3)
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+        mixtrain.doctor(lambda t: t, (x, y))
+
+
+def test_a_model_returning_a_dict_trains_on_its_logits(capfd):
+    r = mixtrain.train(DictOut(), blobs(), precision="fp16", epochs=3, **FAST)
+    assert r.epochs[-1]["accuracy"] > 0.8
+    assert "training on its 'logits'" in capfd.readouterr().err
+
+
+def test_a_model_scripting_rejects_is_traced_and_says_so():
+    d = mixtrain.doctor(Unscriptable(), blobs(), **FAST)
+    assert d.model_source.startswith("traced on the first batch (torch.jit.script failed:")
+    assert d.verdict == "healthy", d.report
+
+
+def test_the_keywords_are_the_option_tables():
+    import inspect
+    params = inspect.signature(mixtrain.train).parameters
+    assert params["epochs"].default == 1 and params["precision"].default == "fp32"
+    assert params["init_scale"].default == 65536.0 and params["keep_fp32"].default is None
+    assert "max_trials" in inspect.signature(mixtrain.doctor).parameters
+    assert "max_trials" not in params and "resume" not in params
+    assert inspect.signature(mixtrain.doctor).parameters["precision"].default == "fp16"
+    assert "growth_factor:" in mixtrain.train.__doc__
+
+
+def test_ctrl_c_raises_keyboard_interrupt_and_the_gil_is_free_while_training():
+    model = Mlp()
+    ticks = []
+    stop = threading.Event()
+
+    def tick():  # runs only if training released the GIL
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mixtrain.train(model, blobs(4096), precision="fp16", epochs=200, **FAST)
+    finally:
+        stop.set()
+        ticker.join()
+        timer.cancel()
+    assert time.monotonic() - started < 30
+    assert len([t for t in ticks if t > started + 0.2]) > 20
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's handler is back
+
+
+def test_the_doctor_runs_on_an_eager_torchvision_model():
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18(num_classes=3)
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(160) % 3
+    x = torch.randn(160, 3, 32, 32, generator=g) * 0.5
+    x[torch.arange(160), y] += 1.0  # the class is the brighter channel
+    d = mixtrain.doctor(model, (x, y), bs=16, lr=1e-3, epochs=2, threads=2, max_trials=1)
+    assert d.model_source == "scripted with torch.jit.script"
+    assert d.verdict == "healthy", d.report
+    assert d.evidence["fp32"]["accuracy"] > 0.6, d.report
