@@ -1,6 +1,7 @@
 #include "mixtrain/learner.h"
 
 #include "mixtrain/callbacks/progress.h"
+#include "mixtrain/host_read.h"
 #include "mixtrain/norm_layer.h"
 #include "mixtrain/option_error.h"
 
@@ -453,6 +454,7 @@ void Learner::all_batches(data::DataLoader& dl) {
 void Learner::one_batch(int64_t i, const data::Batch& b) {
   iter_ = i;
   step_info_ = StepInfo();
+  loss_value_of_ = nullptr;
   const bool on_cpu = options_.device().is_cpu();
   batch_ = on_cpu ? b : b.to(options_.device());
   try {
@@ -483,6 +485,17 @@ void Learner::do_one_batch() {
   with_events<CancelStepException>([&] { opt_->step(); }, Event::before_step, Event::after_cancel_step,
                                    Event::after_step);
   opt_->zero_grad();
+}
+
+double Learner::loss_value() {
+  TORCH_CHECK(loss_.defined(), "Learner::loss_value: no loss in this batch yet");
+  if (loss_value_of_ != loss_.unsafeGetTensorImpl()) provide_loss_value(read_to_host({loss_}).at(0));
+  return loss_value_;
+}
+
+void Learner::provide_loss_value(double value) {
+  loss_value_ = value;
+  loss_value_of_ = loss_.unsafeGetTensorImpl();
 }
 
 std::vector<double> Learner::validate() {

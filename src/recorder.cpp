@@ -60,7 +60,7 @@ void Recorder::after_train(Learner&) { train_seconds_ = now_seconds() - train_st
 
 void Recorder::after_batch(Learner& learn) {
   if (!learn.loss().defined()) return;
-  const double loss = learn.loss().item<double>();
+  const double loss = learn.loss_value();
   if (learn.training()) {
     smooth_value_ = kSmoothBeta * smooth_value_ + (1 - kSmoothBeta) * loss;
     ++smooth_count_;

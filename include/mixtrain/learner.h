@@ -355,6 +355,13 @@ class Learner {
   torch::Tensor& pred() { return pred_; }
   /// Detached loss of the current batch (what is logged); replaceable in after_loss.
   torch::Tensor& loss() { return loss_; }
+  /// The current batch's loss as a number, read from the device once per batch
+  /// and shared by every callback (the Recorder, the NaN stop, the progress
+  /// output). A callback that reads other values from the device in the step
+  /// (the loss scaler's found_inf) reads the loss with them (mixtrain/host_read.h)
+  /// and hands it over with provide_loss_value: one transfer per step.
+  double loss_value();
+  void provide_loss_value(double value);
   /// Annotations of the current step (scale, skipped, grad norm); reset every batch.
   StepInfo& step_info() { return step_info_; }
   /// The loss backward runs on (fastai's loss_grad); scaled by mixed precision.
@@ -419,6 +426,8 @@ class Learner {
 
   data::Batch batch_;
   torch::Tensor pred_, loss_, loss_grad_;
+  double loss_value_ = std::numeric_limits<double>::quiet_NaN();
+  const void* loss_value_of_ = nullptr;  // the loss_ it was read from (a callback may replace loss_)
   StepInfo step_info_;
   bool training_ = false;
   int64_t epoch_ = 0, n_epoch_ = 0, iter_ = 0, n_iter_ = 0, train_iter_ = 0;

@@ -1,6 +1,7 @@
 #include "mixtrain/amp/grad_scaler.h"
 
 #include "mixtrain/amp/unscale.h"
+#include "mixtrain/host_read.h"
 #include "mixtrain/option_error.h"
 
 #include <torch/optim/optimizer.h>
@@ -100,7 +101,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& opt) {
 
 bool GradScaler::read_found_inf(OptState& s) {
   // The one host read per step (for CUDA grads); CPU results are known already.
-  if (s.found_inf_host < 0) s.found_inf_host = s.found_inf.item<float>() != 0.0f ? 1 : 0;
+  if (s.found_inf_host < 0) s.found_inf_host = read_to_host({s.found_inf}).at(0) != 0.0 ? 1 : 0;
   return s.found_inf_host == 1;
 }
 
@@ -113,6 +114,29 @@ bool GradScaler::prepare_step(torch::optim::Optimizer& opt) {
   const bool overflow = read_found_inf(s);
   s.stage = Stage::kStepped;
   return !overflow;
+}
+
+bool GradScaler::prepare_step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& also,
+                              std::vector<double>& values) {
+  values.clear();
+  if (!is_enabled()) {
+    values = read_to_host(also);
+    return true;
+  }
+  OptState& s = state_for(opt);
+  TORCH_CHECK(s.stage != Stage::kStepped, "step() has already been called since the last update().");
+  if (s.stage == Stage::kReady) unscale_(opt);
+  TORCH_INTERNAL_ASSERT(s.found_inf.defined(), "No inf checks were recorded for this optimizer.");
+  if (s.found_inf_host < 0) {
+    std::vector<torch::Tensor> both{s.found_inf};
+    both.insert(both.end(), also.begin(), also.end());
+    values = read_to_host(both);
+    s.found_inf_host = values.front() != 0.0 ? 1 : 0;
+    values.erase(values.begin());
+  } else {
+    values = read_to_host(also);
+  }
+  return prepare_step(opt);
 }
 
 bool GradScaler::step(torch::optim::Optimizer& opt) {

@@ -4,6 +4,7 @@
 #include "dispatch_mode.h"
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/amp/fp32_islands.h"
+#include "mixtrain/host_read.h"
 #include "mixtrain/learner.h"
 #include "mixtrain/module_scope.h"
 #include "mixtrain/option_error.h"
@@ -221,12 +222,13 @@ void MasterWeights::before_step(Learner& learn) {
   const double scale_used = rule_.scale();
   std::vector<torch::Tensor> grads;
   for (const auto& p : model_params_) grads.push_back(p.grad());
-  bool overflow = has_non_finite(grads);  // one fused pass
-  if (reduce_overflow_) {
-    torch::Tensor flag = torch::full({1}, overflow ? 1.0f : 0.0f);
-    reduce_overflow_(flag);
-    overflow = flag.item<float>() != 0.0f;
-  }
+  // One fused pass; the flag stays on the device and is read with the loss in
+  // the step's one device-to-host transfer (the log and the NaN stop use it).
+  torch::Tensor flag = non_finite_flag(grads);
+  if (reduce_overflow_) reduce_overflow_(flag);
+  const std::vector<double> host = read_to_host({flag, learn.loss()});
+  const bool overflow = host[0] != 0.0;
+  learn.provide_loss_value(host[1]);
   learn.step_info().scale = scale_used;
   learn.step_info().skipped = overflow;
   if (overflow) {

@@ -110,7 +110,10 @@ void MixedPrecision::before_backward(Learner& learn) {
 void MixedPrecision::before_step(Learner& learn) {
   if (!scaler_.is_enabled()) return;
   const double scale_used = scaler_.get_scale();
-  const bool step = scaler_.prepare_step(learn.opt());
+  // found_inf and the loss in the step's one device-to-host transfer: the log and the NaN stop use it.
+  std::vector<double> loss;
+  const bool step = scaler_.prepare_step(learn.opt(), {learn.loss()}, loss);
+  learn.provide_loss_value(loss.at(0));
   step_attempted_ = true;
   learn.step_info().scale = scale_used;
   learn.step_info().skipped = !step;

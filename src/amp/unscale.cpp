@@ -117,6 +117,20 @@ bool non_finite_check_and_unscale_cpu(const std::vector<torch::Tensor>& grads, f
   return check_and_unscale(grads, inv_scale, inv_scale != 1.0f);
 }
 
+torch::Tensor non_finite_flag(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> cpu, device;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    (t.device().is_cpu() ? cpu : device).push_back(t);
+  }
+  const bool on_cpu = check_and_unscale(cpu, 1.0f, false);
+  if (device.empty()) return torch::full({1}, on_cpu ? 1.0f : 0.0f);
+  auto opts = torch::TensorOptions().dtype(at::kFloat).device(device.front().device());
+  torch::Tensor found_inf = torch::full({1}, on_cpu ? 1.0f : 0.0f, opts);
+  non_finite_check_and_unscale_(device, found_inf, torch::ones({1}, opts));  // no host sync
+  return found_inf;
+}
+
 bool has_non_finite(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> cpu, device;
   for (const auto& t : tensors) {

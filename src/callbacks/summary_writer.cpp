@@ -1,6 +1,7 @@
 #include "mixtrain/callbacks/summary_writer.h"
 
 #include "mixtrain/amp/precision_callback.h"
+#include "mixtrain/host_read.h"
 #include "mixtrain/learner.h"
 #include "mixtrain/precision.h"
 
@@ -18,6 +19,16 @@ namespace mixtrain::callbacks {
 using detail::json_number;
 
 SummaryWriter::SummaryWriter(SummaryWriterOptions options) : options_(std::move(options)) { order = 80; }
+
+void SummaryWriter::before_fit(Learner&) { step_reads_ = steps_ = 0; }
+
+void SummaryWriter::before_batch(Learner&) { reads_at_batch_start_ = host_reads(); }
+
+void SummaryWriter::after_batch(Learner& learn) {
+  if (!learn.training()) return;
+  step_reads_ += host_reads() - reads_at_batch_start_;
+  ++steps_;
+}
 
 void SummaryWriter::after_fit(Learner& learn) {
   const Recorder& rec = learn.recorder();
@@ -38,6 +49,7 @@ void SummaryWriter::after_fit(Learner& learn) {
     for (size_t i = 0; i < names.size() && i < last.metrics.size(); ++i) j["valid_" + names[i]] = json_number(last.metrics[i]);
   }
   j["steps"] = rec.steps().size();
+  j["host_reads_per_step"] = json_number(steps_ > 0 ? static_cast<double>(step_reads_) / static_cast<double>(steps_) : NAN);
   // Loss-scale outcome: how many steps were skipped, where the scale ended and its low point.
   double final_scale = NAN, min_scale = NAN;
   for (const auto& s : rec.steps()) {

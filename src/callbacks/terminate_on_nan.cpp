@@ -19,20 +19,36 @@ void TerminateOnNaN::before_fit(Learner&) {
   message_.clear();
 }
 
+namespace {
+bool loss_scaled(Learner& learn) {
+  auto pc = learn.precision_cb();
+  return pc && pc->loss_scaled();
+}
+} // namespace
+
+// Without loss scaling the first bad loss stops the run before its backward and
+// step. With it, a bad loss's step is skipped by the scaler, so the loss is
+// judged after the step: the scaler has read it with found_inf in the step's one
+// device-to-host transfer (Learner::loss_value).
 void TerminateOnNaN::after_loss(Learner& learn) {
-  if (!learn.training()) return;
-  const double loss = learn.loss().item<double>();
+  if (learn.training() && !loss_scaled(learn)) judge(learn, false);
+}
+
+void TerminateOnNaN::after_batch(Learner& learn) {
+  if (learn.training() && loss_scaled(learn)) judge(learn, true);
+}
+
+void TerminateOnNaN::judge(Learner& learn, bool scaled) {
+  const double loss = learn.loss_value();
   if (std::isfinite(loss)) {
     bad_in_a_row_ = 0;
     return;
   }
-  auto pc = learn.precision_cb();
-  const bool scaled = pc && pc->loss_scaled();
   ++bad_in_a_row_;
-  if (scaled && bad_in_a_row_ <= max_bad_steps_) return;  // the scaler skips this step
+  if (scaled && bad_in_a_row_ <= max_bad_steps_) return;  // the scaler skipped this step
 
-  // Stop before this batch's backward and step. The weights are the last good
-  // ones only if they are finite: a step may already have made them inf/NaN.
+  // Stop. The weights are the last good ones only if they are finite: a step
+  // may already have made them inf/NaN.
   triggered_ = true;
   bool weights_finite = true;
   {

@@ -95,6 +95,11 @@ class GradScaler {
   /// when the caller should run opt.step(). Counts as this step's step() (a
   /// callback uses it when the training loop owns the optimizer step).
   bool prepare_step(torch::optim::Optimizer& opt);
+  /// prepare_step, reading `also` (one-element tensors: the step's loss) with
+  /// found_inf in one device-to-host transfer (mixtrain/host_read.h); their
+  /// values go to `values`. With CPU gradients found_inf is known on the host
+  /// already and only `also` is read.
+  bool prepare_step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& also, std::vector<double>& values);
   /// Adjusts the scale from this step's overflows and resets per-optimizer state.
   void update();
   /// Sets the scale explicitly (torch's update(new_scale)); the tracker is kept.

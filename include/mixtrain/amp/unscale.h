@@ -30,5 +30,8 @@ void non_finite_check_and_unscale_(const std::vector<torch::Tensor>& grads, torc
 /// True when any element of `tensors` is inf or NaN, in one read-only pass
 /// (the check used by master-weights mode on half gradients).
 bool has_non_finite(const std::vector<torch::Tensor>& tensors);
+/// has_non_finite without the host read: a float tensor [1] (1: some element is
+/// inf/NaN) on the tensors' device, for a caller that reads it with other values.
+torch::Tensor non_finite_flag(const std::vector<torch::Tensor>& tensors);
 
 } // namespace mixtrain::amp

@@ -36,15 +36,22 @@ struct SummaryWriterOptions {
 ///   skipped_steps, final_scale and min_scale_seen (null without loss scaling),
 ///   precision (its name) and emulated (from the precision callback), and with
 ///   master weights param_bytes_model, param_bytes_master and param_bytes_grads;
+///   host_reads_per_step (device-to-host transfers per training step through
+///   mixtrain/host_read.h, which every read of the step goes through);
 /// plus the caller's own fields.
 class SummaryWriter : public Callback {
  public:
   explicit SummaryWriter(SummaryWriterOptions options);
   std::string name() const override { return "SummaryWriter"; }
+  void before_fit(Learner& learn) override;
+  void before_batch(Learner& learn) override;
+  void after_batch(Learner& learn) override;
   void after_fit(Learner& learn) override;
 
  private:
   SummaryWriterOptions options_;
+  int64_t reads_at_batch_start_ = 0;  // host_reads() when the training batch began
+  int64_t step_reads_ = 0, steps_ = 0;
 };
 
 } // namespace mixtrain::callbacks

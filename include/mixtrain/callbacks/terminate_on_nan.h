@@ -33,8 +33,10 @@ class TerminateOnNaN : public Callback {
 
   void before_fit(Learner& learn) override;
   void after_loss(Learner& learn) override;
+  void after_batch(Learner& learn) override;
 
  private:
+  void judge(Learner& learn, bool scaled);
   int64_t max_bad_steps_;
   std::shared_ptr<Checkpointer> checkpointer_;
   int64_t bad_in_a_row_ = 0;
