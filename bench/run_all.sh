@@ -15,3 +15,5 @@ echo "== checkpoint_bench: save/load time against size"
 "$build/bench/checkpoint_bench"
 echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce share of a step"
 bash bench/distributed_bench.sh "$build" 3
+echo "== front_door_bench: mixtrain.doctor from Python vs mixtrain doctor (CLI), same model and data"
+PYTHONPATH="$build/python" /usr/bin/python3 bench/front_door_bench.py "$build/tools/mixtrain/mixtrain" 3
