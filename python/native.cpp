@@ -108,11 +108,12 @@ torch::jit::Module copy_of(const torch::jit::Module& script) {
 
 /// One run of `command` on the caller's module (torch._C.ScriptModule) and tensors.
 /// `settings` are keyword arguments as the table's text; `out` the run folder
-/// (the Python half passes a temporary one when the caller gave none).
+/// (the Python half passes a temporary one when the caller gave none, and
+/// `keep_files` false: the run does not name files that will be gone).
 py::dict run_command(const std::string& command, const py::object& script_object, const std::string& model_name,
                      const std::vector<at::Tensor>& x, const at::Tensor& y, const std::vector<at::Tensor>& valid_x,
                      const c10::optional<at::Tensor>& valid_y, const std::map<std::string, std::string>& settings,
-                     const std::string& out) {
+                     const std::string& out, bool keep_files) {
   const run::Command c = command_of(command);
   run::RunArgs args = run::defaults_for(c);
   for (const auto& [key, text] : settings) {
@@ -122,6 +123,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
     o->set(args, text);  // an OptionError: ValueError, in Python's words
   }
   args.out = out;
+  args.report_files = keep_files;
   args.config.model = model_name;  // reports name it; the model itself comes from model_source
   args.config.data = "";
   try {
@@ -188,7 +190,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "mixtrain's run layer for Python's module objects and tensors (use the mixtrain package)";
   m.def("options", &options, py::arg("command"));
   m.def("run", &run_command, py::arg("command"), py::arg("script"), py::arg("model_name"), py::arg("x"), py::arg("y"),
-        py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"));
+        py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"), py::arg("keep_files"));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -180,7 +180,7 @@ def _call(command, model, data, valid, out, options):
     run = _Run(out)
     threads = torch.get_num_threads()
     try:
-        native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder)
+        native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder, run.keep)
         return native, script, how, run
     except BaseException:
         run.close()

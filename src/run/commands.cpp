@@ -201,7 +201,10 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
     folder.mark_finished(r.epochs);
     folder.write_model(learn.model(), r.model);
     folder.write_charts(learn.recorder());
-    std::printf("%s; run written to %s (trained model: model.pt)\n", metrics_line(learn).c_str(), a.out.c_str());
+    if (a.report_files)
+      std::printf("%s; run written to %s (trained model: model.pt)\n", metrics_line(learn).c_str(), a.out.c_str());
+    else
+      std::printf("%s\n", metrics_line(learn).c_str());
     std::fflush(stdout);
   }
   return result;
@@ -235,7 +238,8 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
             << "\nsuggestions: " << res.summary() << std::endl;
   write_file_atomically(folder.file("lr_find.svg"), res.svg());
   write_file_atomically(folder.file("lr_find.csv"), res.csv());
-  std::cout << "written: " << folder.file("lr_find.svg") << " " << folder.file("lr_find.csv") << std::endl;
+  if (a.report_files)
+    std::cout << "written: " << folder.file("lr_find.svg") << " " << folder.file("lr_find.csv") << std::endl;
   return res;
 }
 
@@ -289,8 +293,11 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
     write_file_atomically(folder.file("scale.svg"), diagnose::scale_history_svg(*d.evidence.mixed));
     written.push_back(folder.file("scale.svg"));
   }
-  std::cout << "\n" << d.report(words) << "written:";
-  for (const auto& w : written) std::cout << " " << w;
+  std::cout << "\n" << d.report(words);
+  if (a.report_files) {
+    std::cout << "written:";
+    for (const auto& w : written) std::cout << " " << w;
+  }
   std::cout << std::endl;
   return d;
 }

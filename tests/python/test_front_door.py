@@ -153,7 +153,9 @@ def test_bad_data_and_arguments_raise_value_error():
 def test_a_model_returning_a_dict_trains_on_its_logits(capfd):
     r = mixtrain.train(DictOut(), blobs(), precision="fp16", epochs=3, **FAST)
     assert r.epochs[-1]["accuracy"] > 0.8
-    assert "training on its 'logits'" in capfd.readouterr().err
+    said = capfd.readouterr()
+    assert "training on its 'logits'" in said.err
+    assert "valid accuracy" in said.out and "written" not in said.out  # no file named that is gone
 
 
 def test_a_model_scripting_rejects_is_traced_and_says_so():

@@ -57,6 +57,9 @@ struct RunArgs {
   std::function<Model(const RunConfig&)> model_source;
   /// Data in memory instead of config.data (the Python front door: the user's tensors).
   std::shared_ptr<const data::DatasetSplit> data_source;
+  /// Whether the command says which files it wrote where (false: a front end's
+  /// temporary folder, removed once it has read them).
+  bool report_files = true;
   int64_t interrupt_at_step = -1;        ///< testing aid: raise SIGINT after this training step
   int64_t abort_at_step = -1;            ///< testing aid: the last rank aborts after this step
   int64_t inject_overflow_at_step = -1;  ///< testing aid: the last rank's gradients get an inf here
