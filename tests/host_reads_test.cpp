@@ -8,6 +8,7 @@
 #include <mixtrain/amp/op_trace.h>
 #include <mixtrain/callbacks/summary_writer.h>
 #include <mixtrain/callbacks/terminate_on_nan.h>
+#include <mixtrain/compat.h>
 #include <mixtrain/host_read.h>
 #include <mixtrain/mixtrain.h>
 #include <nlohmann/json.hpp>
@@ -89,12 +90,17 @@ class HostReadsTest : public test::SeededTest {};
 
 TEST_F(HostReadsTest, EveryPrecisionModeReadsTheHostOncePerTrainingStep) {
   const data::Dataset train = test::blobs(256, 3, 4, 1), valid = test::blobs(64, 3, 4, 2);
+  // On a GPU (scripts/gpu-check.sh runs this test there) the same count on CUDA tensors, where each read is a stall.
+  std::vector<torch::Device> devices{torch::kCPU};
+  if (compat::cuda_available()) devices.emplace_back(torch::kCUDA);
+  for (const torch::Device device : devices)
   for (const Precision precision : {Precision::kFp32, Precision::kFp16, Precision::kBf16, Precision::kBf16Master}) {
-    SCOPED_TRACE(precision_name(precision));
-    const std::string dir = test::scratch_dir(std::string("host_reads_") + precision_name(precision));
+    if (device.is_cpu() == false && precision == Precision::kBf16 && !compat::cuda_bf16_supported()) continue;
+    SCOPED_TRACE(std::string(precision_name(precision)) + " on " + device.str());
+    const std::string dir = test::scratch_dir(std::string("host_reads_") + precision_name(precision) + "_" + device.str());
     auto net = torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
     Learner learn(net, data::DataLoaders::from_split({train, valid}, 32, 0), cross_entropy(),
-                  LearnerOptions().metrics({accuracy()}));  // the progress output too, as the CLI shows it
+                  LearnerOptions().metrics({accuracy()}).device(device));  // the progress output too, as the CLI shows it
     learn.set_precision(precision);
     // The run's own readers of the loss: the NaN stop and summary.json, as run::train adds them.
     learn.add_cb(std::make_shared<callbacks::TerminateOnNaN>(10));
