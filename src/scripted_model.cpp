@@ -88,8 +88,7 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       result.prediction = out.toTensor();
       // A model that computes its loss may return only the loss: it is then the prediction too (no metrics).
       if (own_loss_ && result.prediction.dim() == 0) result.loss = result.prediction;
-      if (own_loss_ && !result.loss.defined()) detail::throw_no_model_loss(shape);
-      return result;
+      return settle(std::move(result), "");
     }
     if (out.isGenericDict()) {
       const auto dict = out.toGenericDict();
@@ -108,11 +107,8 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
                                                           " without a 'logits' tensor; choose the prediction with " +
                                                           Phrase::name("output")
                                                     : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
-      // In this mode the targets were passed, so a loss was due (checked before the notice: the error is one line).
-      if (own_loss_ && !result.loss.defined()) detail::throw_no_model_loss(shape);
-      notice("the model returns " + shape + "; " + (result.loss.defined() ? "its 'loss' is the loss, " : "") +
-             "training on its '" + key + "'");
-      return result;
+      const std::string choice = (result.loss.defined() ? "its 'loss' is the loss, " : "") + std::string("training on its '") + key + "'";
+      return settle(std::move(result), choice);
     }
     if (out.isTuple() || out.isList()) {
       const std::vector<c10::IValue> items = out.isTuple() ? out.toTupleRef().elements().vec() : out.toListRef().vec();
@@ -140,17 +136,25 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       if (index < 0 || index >= static_cast<int64_t>(items.size()) || !items[static_cast<size_t>(index)].isTensor())
         throw OptionError("output", output_.empty() ? Phrase("the model returns " + shape + " with no tensor to train on")
                                                     : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
-      if (own_loss_ && !result.loss.defined()) detail::throw_no_model_loss(shape);
-      notice("the model returns " + shape + "; " +
-             (loss_index >= 0 ? "element " + std::to_string(loss_index) + " is the loss, " : std::string()) +
-             "training on element " + std::to_string(index) +
-             (static_cast<size_t>(index) < names.size() ? " ('" + names[static_cast<size_t>(index)] + "')" : "") +
-             (output_.empty() ? " (the output option chooses another)" : ""));
       result.prediction = items[static_cast<size_t>(index)].toTensor();
-      return result;
+      const std::string choice =
+          (loss_index >= 0 ? "element " + std::to_string(loss_index) + " is the loss, " : std::string()) +
+          "training on element " + std::to_string(index) +
+          (static_cast<size_t>(index) < names.size() ? " ('" + names[static_cast<size_t>(index)] + "')" : "") +
+          (output_.empty() ? " (the output option chooses another)" : "");
+      return settle(std::move(result), choice);
     }
     throw OptionError("output", output_.empty() ? Phrase("the model's forward returned " + shape + "; mixtrain trains on a tensor")
                                                 : Phrase::setting("output", output_) + " does not fit: the model returns " + shape);
+  }
+
+  /// The end of output_of for every shape: with the targets passed a loss was
+  /// due (checked before the notice, so the error is one line), then the choice is
+  /// said once (`choice` empty: a plain tensor, nothing to say).
+  ModelOutput settle(ModelOutput result, const std::string& choice) {
+    if (own_loss_ && !result.loss.defined()) detail::throw_no_model_loss(result.described);
+    if (!choice.empty()) notice("the model returns " + result.described + "; " + choice);
+    return result;
   }
 
   void train(bool on) override {

@@ -99,26 +99,26 @@ void GradScaler::unscale_(torch::optim::Optimizer& opt) {
   s.stage = Stage::kUnscaled;
 }
 
-bool GradScaler::read_found_inf(OptState& s) {
-  // The one host read per step (for CUDA grads); CPU results are known already.
-  if (s.found_inf_host < 0) s.found_inf_host = read_to_host({s.found_inf}).at(0) != 0.0 ? 1 : 0;
-  return s.found_inf_host == 1;
+std::vector<double> GradScaler::read_found_inf(OptState& s, const std::vector<torch::Tensor>& also) {
+  // The step's one host read: found_inf (unless known already, as for CPU grads) with `also`.
+  const bool known = s.found_inf_host >= 0;
+  std::vector<torch::Tensor> reads = also;
+  if (!known) reads.insert(reads.begin(), s.found_inf);
+  std::vector<double> values = read_to_host(reads);
+  if (!known) {
+    s.found_inf_host = values.front() != 0.0 ? 1 : 0;
+    values.erase(values.begin());
+  }
+  return values;
 }
 
 bool GradScaler::prepare_step(torch::optim::Optimizer& opt) {
-  if (!is_enabled()) return true;
-  OptState& s = state_for(opt);
-  TORCH_CHECK(s.stage != Stage::kStepped, "step() has already been called since the last update().");
-  if (s.stage == Stage::kReady) unscale_(opt);
-  TORCH_INTERNAL_ASSERT(s.found_inf.defined(), "No inf checks were recorded for this optimizer.");
-  const bool overflow = read_found_inf(s);
-  s.stage = Stage::kStepped;
-  return !overflow;
+  std::vector<double> none;
+  return prepare_step(opt, {}, none);
 }
 
 bool GradScaler::prepare_step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& also,
                               std::vector<double>& values) {
-  values.clear();
   if (!is_enabled()) {
     values = read_to_host(also);
     return true;
@@ -127,16 +127,9 @@ bool GradScaler::prepare_step(torch::optim::Optimizer& opt, const std::vector<to
   TORCH_CHECK(s.stage != Stage::kStepped, "step() has already been called since the last update().");
   if (s.stage == Stage::kReady) unscale_(opt);
   TORCH_INTERNAL_ASSERT(s.found_inf.defined(), "No inf checks were recorded for this optimizer.");
-  if (s.found_inf_host < 0) {
-    std::vector<torch::Tensor> both{s.found_inf};
-    both.insert(both.end(), also.begin(), also.end());
-    values = read_to_host(both);
-    s.found_inf_host = values.front() != 0.0 ? 1 : 0;
-    values.erase(values.begin());
-  } else {
-    values = read_to_host(also);
-  }
-  return prepare_step(opt);
+  values = read_found_inf(s, also);
+  s.stage = Stage::kStepped;
+  return s.found_inf_host != 1;
 }
 
 bool GradScaler::step(torch::optim::Optimizer& opt) {
@@ -163,7 +156,8 @@ void GradScaler::update() {
   for (auto& kv : per_opt_) {
     if (kv.second.stage == Stage::kReady) continue;
     recorded = true;
-    overflow = read_found_inf(kv.second) || overflow;
+    read_found_inf(kv.second);
+    overflow = kv.second.found_inf_host == 1 || overflow;
   }
   TORCH_CHECK(recorded, "No inf checks were recorded prior to update().");
   per_opt_.clear();

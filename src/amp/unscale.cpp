@@ -132,21 +132,7 @@ torch::Tensor non_finite_flag(const std::vector<torch::Tensor>& tensors) {
 }
 
 bool has_non_finite(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> cpu, device;
-  for (const auto& t : tensors) {
-    if (!t.defined()) continue;
-    (t.device().is_cpu() ? cpu : device).push_back(t);
-  }
-  bool found = check_and_unscale(cpu, 1.0f, false);
-  if (!found && !device.empty()) {
-    // One fused kernel (inv_scale 1 skips the multiply) and one host read for
-    // all device tensors, instead of an isfinite pass and a sync per tensor.
-    auto opts = torch::TensorOptions().dtype(at::kFloat).device(device.front().device());
-    torch::Tensor found_inf = torch::zeros({1}, opts);
-    non_finite_check_and_unscale_(device, found_inf, torch::ones({1}, opts));
-    found = found_inf.item<float>() != 0.0f;
-  }
-  return found;
+  return non_finite_flag(tensors).item<float>() != 0.0f;  // one read, for every tensor's device together
 }
 
 void non_finite_check_and_unscale_(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,

@@ -137,7 +137,8 @@ class GradScaler {
     int found_inf_host = -1;   // -1 until read on the host
   };
   OptState& state_for(torch::optim::Optimizer& opt);
-  bool read_found_inf(OptState& s);
+  /// Makes found_inf known on the host, reading it with `also` in one transfer; returns also's values.
+  std::vector<double> read_found_inf(OptState& s, const std::vector<torch::Tensor>& also = {});
   void ensure_scale(const torch::Device& device);
   void sync_scale_tensor();
 

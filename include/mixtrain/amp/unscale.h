@@ -27,8 +27,8 @@ bool non_finite_check_and_unscale_cpu(const std::vector<torch::Tensor>& grads, f
 void non_finite_check_and_unscale_(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
                                    const torch::Tensor& inv_scale);
 
-/// True when any element of `tensors` is inf or NaN, in one read-only pass
-/// (the check used by master-weights mode on half gradients).
+/// True when any element of `tensors` is inf or NaN, in one read-only pass and
+/// one host read (non_finite_flag, read).
 bool has_non_finite(const std::vector<torch::Tensor>& tensors);
 /// has_non_finite without the host read: a float tensor [1] (1: some element is
 /// inf/NaN) on the tensors' device, for a caller that reads it with other values.
