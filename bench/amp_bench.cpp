@@ -12,8 +12,8 @@
 #include <mixtrain/amp/reduced_precision_emulation.h>
 #include <mixtrain/amp/grad_scaler.h>
 #include <mixtrain/amp/unscale.h>
-#include <mixtrain/models.h>
-#include <mixtrain/threads.h>
+#include <mixtrain/models/zoo.h>
+#include <mixtrain/util/threads.h>
 #include <torch/torch.h>
 
 #include <algorithm>

@@ -350,7 +350,7 @@ std::string doctor_verdict(const std::string& name, const torch::Device& device)
                                      loss, mixtrain::LearnerOptions().progress(false).device(device));
   };
   auto options = mixtrain::diagnose::CompareOptions().epochs(overflow ? 1 : 2).lr(1e-2);
-  if (name == "underflow") options.scaler(mixtrain::amp::GradScalerOptions().init_scale(std::ldexp(1.0, -20)));
+  if (name == "underflow") options.precision_options().scaler().init_scale(std::ldexp(1.0, -20));
   torch::manual_seed(0);
   return mixtrain::diagnose::to_string(mixtrain::diagnose::compare(factory, options).verdict);
 }

@@ -2,9 +2,9 @@
 // loop: same model, data, AdamW hyper-parameters, one-cycle schedule (fastai's
 // formula), batch order and thread settings, but no Learner and no callbacks.
 // Prints one JSON line: {"seconds": epoch time (train + validate), "valid_accuracy": ...}.
-#include <mixtrain/data.h>
-#include <mixtrain/models.h>
-#include <mixtrain/threads.h>
+#include <mixtrain/data/data.h>
+#include <mixtrain/models/zoo.h>
+#include <mixtrain/util/threads.h>
 #include <torch/torch.h>
 
 #include <chrono>

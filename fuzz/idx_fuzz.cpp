@@ -1,7 +1,7 @@
 // libFuzzer target: the idx reader on arbitrary bytes, raw and gzipped.
 // The first byte picks the framing, so one corpus covers both paths. Any
 // outcome but a tensor or a c10::Error is a finding.
-#include <mixtrain/data.h>
+#include <mixtrain/data/data.h>
 
 #include <c10/util/Exception.h>
 

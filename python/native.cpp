@@ -10,14 +10,16 @@
 #include <pybind11/stl.h>
 
 #include <mixtrain/callbacks/stop_on_request.h>
-#include <mixtrain/data.h>
-#include <mixtrain/option_error.h>
+#include <mixtrain/data/data.h>
+#include <mixtrain/util/option_error.h>
 #include <mixtrain/run/commands.h>
-#include <mixtrain/scripted_model.h>
+#include <mixtrain/models/scripted_model.h>
 
 #include <atomic>
 #include <csignal>
+#include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,15 +80,23 @@ py::list options(const std::string& command) {
   const run::RunArgs defaults = run::defaults_for(c);
   py::list out;
   for (const run::Option& o : run::options()) {
-    if (!o.takes(c) || o.hidden || o.flag.empty()) continue;
+    if (!o.takes(c) || o.hidden || o.flag.empty() || !o.keyword) continue;
     py::dict row;
     row["key"] = o.key;
     row["type"] = type_name(o.type);
     row["default"] = o.get(defaults);
     row["help"] = o.help_in(c);
+    row["choices"] = o.choices;
     out.append(row);
   }
   return out;
+}
+
+/// A history value as Python shows it: counts as int, the rest as float.
+py::object number(const std::string& column, double v) {
+  static const std::set<std::string> kCounts{"iter", "epoch", "skipped", "samples", "steps"};
+  if (kCounts.count(column) && std::isfinite(v)) return py::int_(static_cast<int64_t>(v));
+  return py::float_(v);
 }
 
 /// A deep copy of `script` whose parameters are leaves, as the originals are
@@ -118,7 +128,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
   run::RunArgs args = run::defaults_for(c);
   for (const auto& [key, text] : settings) {
     const run::Option* o = run::find_option(key);
-    if (!o || !o->takes(c) || o->hidden)
+    if (!o || !o->takes(c) || o->hidden || !o->keyword)
       throw py::type_error(std::string(run::command_name(c)) + "() got an unexpected keyword argument '" + key + "'");
     o->set(args, text);  // an OptionError: ValueError, in Python's words
   }
@@ -138,7 +148,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
   // train trains the caller's module in place; the doctor and lr_find work on copies.
   const bool in_place = c == run::Command::kTrain;
   args.model_source = [script, in_place, model_name](const run::RunConfig& config) {
-    return mixtrain::scripted_model(in_place ? script : copy_of(script), config.output, config.loss == "model", model_name);
+    return mixtrain::scripted_model(in_place ? script : copy_of(script), config.output, config.loss == mixtrain::LossKind::kModel, model_name);
   };
   // bf16-master stores the model in bf16 while it trains; the caller's module gets its dtypes back, also after Ctrl-C.
   struct DtypesRestored {
@@ -164,11 +174,29 @@ py::dict run_command(const std::string& command, const py::object& script_object
     py::gil_scoped_acquire held;
     result["stopped"] = r.end == run::TrainResult::End::kStopped ? py::object(py::str(r.message.str(run::keyword_words())))
                                                                   : py::object(py::none());
+    // The history as the run's files hold it, from the Recorder's one list of columns.
+    py::list epochs;
+    for (const auto& e : r.epochs) {
+      py::dict row;
+      for (const auto& [name, value] : mixtrain::epoch_table_row(e, r.metric_names)) row[py::str(name)] = number(name, value);
+      epochs.append(row);
+    }
+    result["epochs"] = epochs;
+    py::dict steps;
+    for (const auto& c : mixtrain::step_columns()) {
+      py::list column;
+      for (const auto& s : r.steps) column.append(c.blank_when_nan && std::isnan(c.get(s)) ? py::object(py::none()) : number(c.name, c.get(s)));
+      steps[c.name] = column;
+    }
+    result["steps"] = steps;
+    result["summary"] = r.summary;
+    result["charts"] = r.charts;
   } else if (c == run::Command::kDoctor) {
     const mixtrain::diagnose::Diagnosis d = run::doctor(args, run::keyword_words(), stop);
     py::gil_scoped_acquire held;
     result["diagnosis"] = d.to_json(run::keyword_words());
     result["report"] = d.report(run::keyword_words());
+    result["charts"] = run::doctor_charts(d);
   } else {
     const mixtrain::LrFindResult r = run::lr_find(args, stop);
     py::gil_scoped_acquire held;
@@ -189,6 +217,9 @@ py::dict run_command(const std::string& command, const py::object& script_object
 PYBIND11_MODULE(_native, m) {
   m.doc() = "mixtrain's run layer for Python's module objects and tensors (use the mixtrain package)";
   m.def("options", &options, py::arg("command"));
+  // Whether a loss named so is the model's own (its forward then takes the targets last).
+  m.def("loss_takes_targets", [](const std::string& loss) { return mixtrain::parse_loss(loss) == mixtrain::LossKind::kModel; },
+        py::arg("loss"));
   m.def("run", &run_command, py::arg("command"), py::arg("script"), py::arg("model_name"), py::arg("x"), py::arg("y"),
         py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"), py::arg("keep_files"));
   py::register_exception_translator([](std::exception_ptr p) {

@@ -175,7 +175,7 @@ TEST(CliLaunchTest, BadLaunchUsageIsAOneLineError) {
   expect_usage_error("launch --nproc 2", "launch runs 'train'");
   expect_usage_error("launch --nproc 2 --bogus -- train", "--bogus");
   expect_usage_error("launch -- train", "--nproc is required");
-  expect_usage_error("train --comm-dtype int8", "invalid --comm-dtype 'int8'");
+  expect_usage_error("train --comm-dtype int8", "unknown --comm-dtype 'int8' (choices: fp32, fp16)");
 }
 
 } // namespace

@@ -2,7 +2,7 @@
 // Running the mixtrain CLI from tests, as a user would: its exit code and output.
 
 #include <gtest/gtest.h>
-#include <mixtrain/learner.h>
+#include <mixtrain/core/learner.h>
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 #include <sys/wait.h>

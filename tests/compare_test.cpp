@@ -35,6 +35,9 @@ struct Scenario {
   LossFn loss = cross_entropy();
 };
 
+/// The doctor's options with its trials' settings applied through the option table, as run::doctor does.
+diagnose::CompareOptions trial_options() { return diagnose::CompareOptions().apply_setting(run::apply_setting); }
+
 diagnose::LearnerFactory factory(const Scenario& s) {
   return [s] {
     Classifier net;
@@ -48,7 +51,7 @@ diagnose::LearnerFactory factory(const Scenario& s) {
 class CompareTest : public test::SeededTest {};
 
 TEST_F(CompareTest, HealthyModelIsHealthyWithIdenticalStartsAndData) {
-  const auto d = diagnose::compare(factory(Scenario{}), diagnose::CompareOptions().epochs(2).lr(1e-2));
+  const auto d = diagnose::compare(factory(Scenario{}), trial_options().epochs(2).lr(1e-2));
   EXPECT_EQ(d.verdict, diagnose::Verdict::kHealthy) << d.report();
   const auto& e = d.evidence;
   ASSERT_TRUE(e.fp32 && e.mixed);
@@ -70,7 +73,7 @@ TEST_F(CompareTest, OverflowingLayerGivesForwardOverflowAndNamesIt) {
     net->fc1->weight.mul_(1e5);  // fc1's activations reach ~3e5
     net->fc2->weight.div_(1e5);  // and fc2 brings them back: fp32 trains fine
   };
-  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-2));
+  const auto d = diagnose::compare(factory(s), trial_options().epochs(1).lr(1e-2));
   EXPECT_EQ(d.verdict, diagnose::Verdict::kForwardOverflow) << d.report();
   ASSERT_TRUE(d.evidence.trace_start && d.evidence.trace_start->first_overflow);
   EXPECT_EQ(d.evidence.trace_start->first_overflow->module, "fc1");
@@ -98,7 +101,7 @@ TEST_F(CompareTest, OverflowingLayerGivesForwardOverflowAndNamesIt) {
   EXPECT_TRUE(j.at("proven_fix").at("gap_percent").is_number());
   EXPECT_EQ(j.at("trials").size(), 3u);
   EXPECT_LE(d.trials.size(), 4u);  // the default bound
-  const auto none = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-2).max_trials(0));
+  const auto none = diagnose::compare(factory(s), trial_options().epochs(1).lr(1e-2).max_trials(0));
   EXPECT_TRUE(none.trials.empty());
   EXPECT_FALSE(none.proven_fix.has_value());
   EXPECT_TRUE(nlohmann::json::parse(none.to_json()).at("proven_fix").is_null());
@@ -109,7 +112,7 @@ TEST_F(CompareTest, TinyLossScaleGivesUnderflow) {
   // The loss scale 2^-20: scaled gradients fall below fp16's smallest subnormal.
   const auto d = diagnose::compare(
       factory(Scenario{}),
-      diagnose::CompareOptions().epochs(2).lr(1e-2).scaler(amp::GradScalerOptions().init_scale(std::ldexp(1.0, -20))));
+      trial_options().epochs(2).lr(1e-2).precision_options(PrecisionOptions().scaler(amp::GradScalerOptions().init_scale(std::ldexp(1.0, -20)))));
   EXPECT_EQ(d.verdict, diagnose::Verdict::kUnderflow) << d.report();
   ASSERT_TRUE(d.evidence.gradients);
   EXPECT_GT(d.evidence.gradients->underflow, 0.5);
@@ -123,7 +126,7 @@ TEST_F(CompareTest, GradientsOverflowingOnMostStepsGiveGradientOverflow) {
   // its gradients exceed 65504 until the scale has backed off ~2^22.
   Scenario s;
   s.loss = [](const torch::Tensor& pred, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(pred, y) * 1e8; };
-  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(2).lr(1e-2));
+  const auto d = diagnose::compare(factory(s), trial_options().epochs(2).lr(1e-2));
   EXPECT_EQ(d.verdict, diagnose::Verdict::kGradientOverflow) << d.report();
   const auto& sc = d.evidence.mixed->scale;
   EXPECT_TRUE(sc.collapsed);
@@ -138,7 +141,7 @@ TEST_F(CompareTest, NanInTheDataIsBrokenInFp32WithAnInputFinding) {
   Scenario s;
   s.train.x = s.train.x.clone();
   s.train.x.slice(0, 0, 256, 10).select(1, 0).fill_(NAN);  // every 10th sample
-  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-2));
+  const auto d = diagnose::compare(factory(s), trial_options().epochs(1).lr(1e-2));
   EXPECT_EQ(d.verdict, diagnose::Verdict::kBrokenInFp32) << d.report();
   EXPECT_TRUE(contains(d.findings, "26 of 1024 input values are NaN or Inf"));
   EXPECT_TRUE(contains(d.fixes, "remove or impute"));
@@ -148,7 +151,7 @@ TEST_F(CompareTest, RawPixelInputsAreFlaggedInTheEvidence) {
   Scenario s;
   s.train.x = (s.train.x * 40 + 128).round().clamp(0, 255);  // 0-255 integers, as raw pixels
   s.valid.x = (s.valid.x * 40 + 128).round().clamp(0, 255);
-  const auto d = diagnose::compare(factory(s), diagnose::CompareOptions().epochs(1).lr(1e-3));
+  const auto d = diagnose::compare(factory(s), trial_options().epochs(1).lr(1e-3));
   ASSERT_TRUE(d.evidence.inputs);
   EXPECT_TRUE(d.evidence.inputs->raw_pixels);
   EXPECT_TRUE(contains(d.findings, "raw 0-255 pixels")) << d.report();
@@ -157,7 +160,7 @@ TEST_F(CompareTest, RawPixelInputsAreFlaggedInTheEvidence) {
 }
 
 TEST_F(CompareTest, Fp16WithEmulationForbiddenIsUnsupported) {
-  const auto d = diagnose::compare(factory(Scenario{}), diagnose::CompareOptions().allow_fp16_emulation(false));
+  const auto d = diagnose::compare(factory(Scenario{}), trial_options().precision_options(PrecisionOptions().allow_fp16_emulation(false)));
   EXPECT_EQ(d.verdict, diagnose::Verdict::kUnsupported);
   EXPECT_FALSE(d.evidence.fp32.has_value());  // nothing was trained
   EXPECT_TRUE(contains(d.fixes, "bf16"));

@@ -1,7 +1,7 @@
 // The idx(.gz) reader on good and corrupt files, Fashion-MNIST loading, and DataLoader.
 #include "test_util.h"
 
-#include <mixtrain/data.h>
+#include <mixtrain/data/data.h>
 #include <set>
 
 namespace {

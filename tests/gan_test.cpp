@@ -12,7 +12,7 @@ namespace nn = torch::nn;
 struct GanRun {
   double mean_before, mean_after;
   std::shared_ptr<callbacks::GANTrainer> gan;
-  std::shared_ptr<amp::PrecisionCallback> mp;
+  std::shared_ptr<PrecisionCallback> mp;
   int64_t critic_skips = 0;
   std::vector<bool> critic_skipped;
 };

@@ -9,7 +9,7 @@
 #include <mixtrain/callbacks/summary_writer.h>
 #include <mixtrain/callbacks/terminate_on_nan.h>
 #include <mixtrain/compat.h>
-#include <mixtrain/host_read.h>
+#include <mixtrain/util/host_read.h>
 #include <mixtrain/mixtrain.h>
 #include <nlohmann/json.hpp>
 

@@ -20,6 +20,20 @@ echo "$out"
 echo "$out" | grep -q "quickstart: valid accuracy"
 acc=$(echo "$out" | sed -n 's/.*valid accuracy \([0-9.]*\).*/\1/p')
 awk -v a="$acc" 'BEGIN { exit !(a > 0.9) }'
+# A consumer of the previous release (0.1.0's header paths and names) still builds,
+# warned that what it uses is deprecated, and runs.
+cmake -S "$src_dir/tests/install_consumer" -B "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" "${launcher[@]}" >/dev/null
+rm -f "$work/consumer/CMakeFiles/previous_release.dir/main.cpp.o"  # ccache replays the warnings too, but build it for real
+log=$(cmake --build "$work/consumer" -j 2 2>&1) || { echo "$log"; exit 1; }
+echo "$log" | grep -q "Fp16Emulation is mixtrain::amp::ReducedPrecisionEmulation since 0.2.0" \
+  || { echo "no deprecation warning for amp::Fp16Emulation:"; echo "$log"; exit 1; }
+echo "$log" | grep -q "PrecisionCallback is mixtrain::PrecisionCallback since 0.2.0" \
+  || { echo "no deprecation warning for amp::PrecisionCallback:"; echo "$log"; exit 1; }
+old=$("$work/consumer/previous_release")
+echo "$old"
+echo "$old" | grep -q "previous_release: precision fp16"
+
 # The Python package, where the build made one: importable from the prefix alone.
 if ls "$build_dir"/python/mixtrain/_native*.so >/dev/null 2>&1; then
   site="$work/prefix/lib/python3/dist-packages"

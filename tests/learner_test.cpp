@@ -121,8 +121,9 @@ TEST_F(LearnerTest, CsvLoggerAndSummaryFiles) {
   ASSERT_EQ(mrows.size(), 3u);
   EXPECT_EQ(mrows[0], "epoch,train_loss,valid_loss,accuracy,seconds");
   ASSERT_EQ(srows.size(), 1u + 32);
-  EXPECT_EQ(srows[0], "iter,epoch,loss,smooth_loss,lr,scale,skipped");
-  EXPECT_EQ(srows[1].substr(srows[1].size() - 3), ",,0");  // fp32: no scale, not skipped
+  EXPECT_EQ(srows[0], "iter,epoch,loss,smooth_loss,lr,scale,skipped,grad_norm,mom");
+  // fp32: no scale, not skipped, no grad norm (no clipping); AdamW's beta1 as the momentum.
+  EXPECT_NE(srows[1].find(",,0,,0.9"), std::string::npos) << srows[1];
   EXPECT_EQ(srows[32].rfind("31,1,", 0), 0u);
   const std::string json((std::istreambuf_iterator<char>(summary)), std::istreambuf_iterator<char>());
   for (const char* key : {"\"precision\": \"fp32\"", "\"epochs\": 2", "\"train_loss\"", "\"valid_loss\"",

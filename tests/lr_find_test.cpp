@@ -105,9 +105,9 @@ TEST_F(LrFindTest, UnderFp16ASkippedStepIsVisibleAndTheCurveStaysFinite) {
 
 TEST_F(LrFindTest, BadOptionsAreErrorsNamingThem) {
   auto learn = make();
-  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().start_lr(0)), "start_lr must be > 0");
-  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().start_lr(1).end_lr(0.1)), "end_lr (0.1) must be above start_lr (1)");
-  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().num_it(1)), "num_it must be >= 2");
+  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().start_lr(0)), "Invalid start_lr: 0 (must be > 0)");
+  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().start_lr(1).end_lr(0.1)), "Invalid end_lr: 0.1 (must be above the start lr 1)");
+  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().num_it(1)), "Invalid num_it: 1 (must be >= 2)");
 }
 
 TEST_F(LrFindTest, TheChartAndTableHoldTheCurve) {

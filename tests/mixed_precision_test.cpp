@@ -87,7 +87,7 @@ TEST_F(MixedPrecisionTest, ToFp16ReplacesAndChains) {
   Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_bf16().to_fp16(amp::GradScalerOptions().init_scale(256));
   int count = 0;
-  for (const auto& cb : learn.cbs()) count += std::dynamic_pointer_cast<amp::PrecisionCallback>(cb) != nullptr;
+  for (const auto& cb : learn.cbs()) count += std::dynamic_pointer_cast<PrecisionCallback>(cb) != nullptr;
   EXPECT_EQ(count, 1);
   EXPECT_EQ(learn.precision_cb()->dtype(), torch::kHalf);
   EXPECT_EQ(learn.precision_cb()->loss_scale(), 256);

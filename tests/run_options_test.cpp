@@ -2,7 +2,7 @@
 // through it, older files read with defaults, and each front end's words.
 #include "test_util.h"
 
-#include <mixtrain/option_error.h>
+#include <mixtrain/util/option_error.h>
 #include <mixtrain/run/options.h>
 #include <mixtrain/run/run_folder.h>
 
@@ -33,7 +33,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
   const std::vector<FieldProbe> probes = {
       {"data", "d.pt", [](const RunConfig& r) { return r.data == "d.pt"; }},
       {"model", "mlp", [](const RunConfig& r) { return r.model == "mlp"; }},
-      {"loss", "mse", [](const RunConfig& r) { return r.loss == "mse"; }},
+      {"loss", "mse", [](const RunConfig& r) { return r.loss == LossKind::kMse; }},
       {"output", "logits", [](const RunConfig& r) { return r.output == "logits"; }},
       {"epochs", "3", [](const RunConfig& r) { return r.epochs == 3; }},
       {"lr", "1e-4,1e-3", [](const RunConfig& r) { return r.lr == Lrs(std::vector<double>{1e-4, 1e-3}); }},
@@ -41,7 +41,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
       {"seed", "18446744073709551615", [](const RunConfig& r) { return r.seed == 18446744073709551615ull; }},
       {"limit", "100", [](const RunConfig& r) { return r.limit == 100; }},
       {"threads", "2", [](const RunConfig& r) { return r.threads == 2; }},
-      {"thread_policy", "blas", [](const RunConfig& r) { return r.thread_policy == "blas"; }},
+      {"thread_policy", "blas", [](const RunConfig& r) { return r.thread_policy == ThreadPolicy::kBlas; }},
       {"precision", "bf16-master", [](const RunConfig& r) { return r.precision == Precision::kBf16Master; }},
       {"init_scale", "1024", [](const RunConfig& r) { return r.precision_options.scaler().init_scale() == 1024; }},
       {"growth_factor", "3", [](const RunConfig& r) { return r.precision_options.scaler().growth_factor() == 3; }},
@@ -61,7 +61,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
        [](const RunConfig& r) { return r.precision_options.keep_fp32() == std::vector<std::string>{"conv_proj", "encoder.layers.*.mlp"}; }},
       {"keep", "2", [](const RunConfig& r) { return r.keep == 2; }},
       {"max_bad_steps", "3", [](const RunConfig& r) { return r.max_bad_steps == 3; }},
-      {"comm_dtype", "fp16", [](const RunConfig& r) { return r.comm_dtype == "fp16"; }},
+      {"comm_dtype", "fp16", [](const RunConfig& r) { return r.comm_dtype == c10::ScalarType::Half; }},
       {"ranks", "4", [](const RunConfig& r) { return r.ranks == 4; }},
       {"monitor", "accuracy", [](const RunConfig& r) { return r.monitor == "accuracy"; }},
       {"save_best", "true", [](const RunConfig& r) { return r.save_best; }},
@@ -156,16 +156,19 @@ TEST(RunOptionsTest, ErrorsCarryTheKeyAndEachFrontEndNamesItInItsWords) {
   const std::vector<std::pair<std::function<void(RunArgs&)>, std::string>> bad = {
       {[](RunArgs& a) { a.config.bs = 0; }, "bs"},
       {[](RunArgs& a) { a.config.model = "vgg"; }, "model"},
-      {[](RunArgs& a) { a.config.loss = "hinge"; }, "loss"},
-      {[](RunArgs& a) { a.config.thread_policy = "gpu"; }, "thread_policy"},
+      {[](RunArgs& a) { find_option("loss")->set(a, "hinge"); }, "loss"},  // a choice is refused as it is set
+      {[](RunArgs& a) { find_option("thread_policy")->set(a, "gpu"); }, "thread_policy"},
+      {[](RunArgs& a) { find_option("comm_dtype")->set(a, "int8"); }, "comm_dtype"},
+      {[](RunArgs& a) { a.config.precision = Precision::kFp16; a.config.precision_options.scaler().growth_factor(INFINITY); }, "growth_factor"},
+      {[](RunArgs& a) { a.timeout = NAN; }, "timeout"},
       {[](RunArgs& a) { a.config.freeze_to = 1; }, "freeze_to"},
       {[](RunArgs& a) { a.config.data = "/nonexistent"; }, "data"},
       {[](RunArgs& a) { a.config.precision = Precision::kFp16Master; }, "precision"},
   };
   for (const auto& [spoil, key] : bad) {
     RunArgs a = defaults_for(Command::kTrain);
-    spoil(a);
     try {
+      spoil(a);
       validate(a, Command::kTrain);
       ADD_FAILURE() << key << " was accepted";
     } catch (const OptionError& e) {

@@ -117,8 +117,10 @@ TEST_F(ScaleAnalysisTest, FitWarnsAboveFivePercentSkippedAndStaysSilentBelow) {
   auto make = [&] {
     auto dls = data::DataLoaders(data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)),
                                  data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)));
-    return std::make_unique<Learner>(Model(torch::nn::Linear(4, 3)), std::move(dls), cross_entropy(),
-                                     LearnerOptions().progress(false));
+    auto learn = std::make_unique<Learner>(Model(torch::nn::Linear(4, 3)), std::move(dls), cross_entropy(),
+                                           LearnerOptions().progress(false));
+    learn->add_cb(std::make_shared<diagnose::FitWarning>());  // the run layer attaches it for fp16
+    return learn;
   };
   // 10 steps with 4 overflows = 40% > 5%, and more than a scaler's calibration: a warning naming the verdict.
   auto learn = make();

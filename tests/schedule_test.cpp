@@ -2,8 +2,8 @@
 // on a real optimizer during fit.
 #include "test_util.h"
 
-#include <mixtrain/learner.h>
-#include <mixtrain/schedule.h>
+#include <mixtrain/core/learner.h>
+#include <mixtrain/core/schedule.h>
 
 #include <cmath>
 

@@ -2,7 +2,7 @@
 #include "test_util.h"
 
 #include <mixtrain/diagnose/plots.h>
-#include <mixtrain/svg_plot.h>
+#include <mixtrain/util/svg_plot.h>
 
 #include <regex>
 

@@ -2,10 +2,10 @@
 // Shared test helpers: a seeding fixture, error-message assertions, tiny data.
 
 #include <gtest/gtest.h>
-#include <mixtrain/data.h>
-#include <mixtrain/learner.h>
-#include <mixtrain/phrase.h>
-#include <mixtrain/testing.h>
+#include <mixtrain/data/data.h>
+#include <mixtrain/core/learner.h>
+#include <mixtrain/util/phrase.h>
+#include <mixtrain/callbacks/fault_injection.h>
 #include <torch/torch.h>
 #include <zlib.h>
 

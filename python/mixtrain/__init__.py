@@ -17,7 +17,6 @@ KeyboardInterrupt after the batch in flight.
 The C++ library underneath is the one the CLI runs: ``_native`` hands the model's
 TorchScript form and the tensors to it without copying them.
 """
-import csv
 import inspect
 import json
 import os
@@ -31,14 +30,10 @@ from . import _native
 
 __all__ = ["doctor", "train", "lr_find", "Diagnosis", "Result", "LrFind"]
 
-# Options the Python call spells otherwise: the model and data are arguments, out
-# is an argument, and resuming, rendezvous timeouts and gradient communication
-# belong to the CLI's runs (mixtrain train --resume, mixtrain launch).
-_NOT_KEYWORDS = {"model", "data", "out", "resume", "timeout", "comm_dtype"}
-
-
 def _rows(command):
-    return [r for r in _native.options(command) if r["key"] not in _NOT_KEYWORDS]
+    """The keyword arguments of `command`: the option table's rows that are keywords
+    (the model, data and out are arguments; the CLI's own runs keep the rest)."""
+    return _native.options(command)
 
 
 def _default(row):
@@ -135,7 +130,7 @@ def _scripted(model, xs, y, loss):
         return torch.jit.script(model), name, "scripted with torch.jit.script"
     except Exception as e:  # scripting has many ways to fail; tracing needs only one batch
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        example = tuple(t[:2] for t in xs) + ((y[:2],) if loss == "model" else ())
+        example = tuple(t[:2] for t in xs) + ((y[:2],) if _native.loss_takes_targets(loss) else ())
         was_training = model.training
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -146,18 +141,12 @@ def _scripted(model, xs, y, loss):
 
 
 class _Run:
-    """One call's run folder: the caller's `out`, or a temporary one removed afterwards."""
+    """One call's run folder: the caller's `out`, or a temporary one removed afterwards.
+    Nothing is read back from it: the run returns what it measured."""
 
     def __init__(self, out):
         self.keep = out is not None
         self.folder = os.fspath(out) if self.keep else tempfile.mkdtemp(prefix="mixtrain-")
-
-    def read(self, name):
-        path = os.path.join(self.folder, name)
-        if not os.path.exists(path):
-            return None
-        with open(path) as f:
-            return f.read()
 
     def close(self):
         if not self.keep:
@@ -187,22 +176,6 @@ def _call(command, model, data, valid, out, options):
         raise
     finally:
         torch.set_num_threads(threads)  # the run sets its own; the caller's process gets its count back
-
-
-def _number(text):
-    if text in ("", None):
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        return text
-    return int(v) if v.is_integer() and "." not in text and "e" not in text.lower() else v
-
-
-def _csv_rows(text):
-    if not text:
-        return []
-    return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(text.splitlines())]
 
 
 def _svg_html(svg):
@@ -249,16 +222,14 @@ class Result:
     lr, loss scale and skipped flag), ``summary``, ``charts`` (SVG text) and
     ``stopped`` (why the run stopped early on a NaN loss, else None)."""
 
-    def __init__(self, model, how, run, stopped):
+    def __init__(self, model, how, native):
         self.model = model
         self.model_source = how
-        self.epochs = _csv_rows(run.read("metrics.csv"))
-        rows = _csv_rows(run.read("steps.csv"))
-        self.steps = {k: [r[k] for r in rows] for k in (rows[0].keys() if rows else [])}
-        summary = run.read("summary.json")
-        self.summary = json.loads(summary) if summary else {}
-        self.charts = {k: run.read(k + ".svg") for k in ("loss", "lr", "scale") if run.read(k + ".svg")}
-        self.stopped = stopped
+        self.epochs = native["epochs"]
+        self.steps = native["steps"]
+        self.summary = json.loads(native["summary"]) if native["summary"] else {}
+        self.charts = dict(native["charts"])
+        self.stopped = native.get("stopped")
 
     @property
     def skipped_steps(self):
@@ -296,19 +267,14 @@ class LrFind:
 
 def doctor(model, data, *, valid=None, out=None, **options):
     native, script, how, run = _call("doctor", model, data, valid, out, options)
-    try:
-        charts = {k: run.read(k + ".svg") for k in ("loss", "scale") if run.read(k + ".svg")}
-        return Diagnosis(native, how, charts)
-    finally:
-        run.close()
+    run.close()
+    return Diagnosis(native, how, dict(native["charts"]))
 
 
 def train(model, data, *, valid=None, out=None, **options):
     native, script, how, run = _call("train", model, data, valid, out, options)
-    try:
-        result = Result(script, how, run, native.get("stopped"))
-    finally:
-        run.close()
+    run.close()
+    result = Result(script, how, native)
     if result.stopped:
         warnings.warn("mixtrain.train stopped: " + result.stopped, RuntimeWarning, stacklevel=2)
     return result

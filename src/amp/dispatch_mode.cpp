@@ -3,8 +3,8 @@
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/op_trace.h"
-#include "mixtrain/option_error.h"
-#include "mixtrain/module_scope.h"
+#include "mixtrain/util/option_error.h"
+#include "mixtrain/models/module_scope.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/nn/module.h>

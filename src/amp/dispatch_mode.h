@@ -5,7 +5,7 @@
 // one fallback. Each behaviour has a thread-local depth; the key is included
 // while any depth is positive.
 
-#include "mixtrain/module_scope.h"
+#include "mixtrain/models/module_scope.h"
 #include "mixtrain/amp/op_trace.h"
 
 #include <ATen/core/Tensor.h>

@@ -1,8 +1,8 @@
 #include "mixtrain/amp/grad_scaler.h"
 
 #include "mixtrain/amp/unscale.h"
-#include "mixtrain/host_read.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/util/host_read.h"
+#include "mixtrain/util/option_error.h"
 
 #include <torch/optim/optimizer.h>
 

@@ -1,13 +1,13 @@
 #include "mixtrain/amp/master_weights.h"
 
-#include "../archive_util.h"
+#include "util/archive_util.h"
 #include "dispatch_mode.h"
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/amp/fp32_islands.h"
-#include "mixtrain/host_read.h"
-#include "mixtrain/learner.h"
-#include "mixtrain/module_scope.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/util/host_read.h"
+#include "mixtrain/core/learner.h"
+#include "mixtrain/models/module_scope.h"
+#include "mixtrain/util/option_error.h"
 
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/instancenorm.h>
@@ -85,7 +85,7 @@ void validate(const MasterWeightsOptions& o) {
 
 MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
     : options_(options),
-      rule_(options.loss_scale() > 0 ? options.loss_scale() : (options.dynamic() ? 65536.0 : 512.0), v1_rule(options)) {
+      rule_(options.loss_scale() > 0 ? options.loss_scale() : (options.dynamic() ? kDefaultInitScale : 512.0), v1_rule(options)) {
   order = 10;
   validate(options_);
   const auto dtype = options_.dtype();

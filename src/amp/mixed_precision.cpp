@@ -1,10 +1,10 @@
 #include "mixtrain/amp/mixed_precision.h"
 
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 #include "mixtrain/compat.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/util/option_error.h"
 
-#include "../archive_util.h"
+#include "util/archive_util.h"
 
 #include <algorithm>
 #include <iostream>

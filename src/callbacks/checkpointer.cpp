@@ -1,7 +1,7 @@
 #include "mixtrain/callbacks/checkpointer.h"
 
-#include "mixtrain/atomic_file.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/util/atomic_file.h"
+#include "mixtrain/core/learner.h"
 
 #include <algorithm>
 #include <filesystem>

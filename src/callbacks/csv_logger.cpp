@@ -1,10 +1,11 @@
 #include "mixtrain/callbacks/csv_logger.h"
 
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 
 #include <cmath>
 #include <filesystem>
 #include <cstring>
+#include <utility>
 
 namespace mixtrain::callbacks {
 
@@ -25,10 +26,13 @@ void CSVLogger::before_fit(Learner& learn) {
   TORCH_CHECK(!ec, "Cannot create ", dir_, ": ", ec.message());
   open_or_throw(metrics_, dir_ + "/metrics.csv");
   open_or_throw(steps_, dir_ + "/steps.csv");
-  metrics_ << "epoch,train_loss,valid_loss";
-  for (const auto& n : learn.recorder().metric_names()) metrics_ << ',' << n;
-  metrics_ << ",seconds\n";
-  steps_ << "iter,epoch,loss,smooth_loss,lr,scale,skipped\n";
+  const char* sep = "";
+  for (const auto& [name, value] : epoch_table_row(EpochRecord{}, learn.recorder().metric_names()))
+    metrics_ << std::exchange(sep, ",") << name;
+  metrics_ << '\n';
+  sep = "";
+  for (const auto& c : step_columns()) steps_ << std::exchange(sep, ",") << c.name;
+  steps_ << '\n';
   // History the Recorder already holds (a resumed run's) is written first, so
   // the files always match the Recorder.
   write_new_rows(learn.recorder());
@@ -37,10 +41,11 @@ void CSVLogger::before_fit(Learner& learn) {
 
 void CSVLogger::write_new_rows(const Recorder& rec) {
   for (; epochs_written_ < rec.values().size(); ++epochs_written_) {
-    const EpochRecord& e = rec.values()[epochs_written_];
-    metrics_ << epochs_written_ << ',' << e.train_loss << ',' << e.valid_loss;
-    for (double m : e.metrics) metrics_ << ',' << m;
-    metrics_ << ',' << e.seconds << '\n';
+    EpochRecord e = rec.values()[epochs_written_];
+    e.epoch = static_cast<int64_t>(epochs_written_);  // the row's number in this file, across fits
+    const char* sep = "";
+    for (const auto& [name, value] : epoch_table_row(e, rec.metric_names())) metrics_ << std::exchange(sep, ",") << value;
+    metrics_ << '\n';
   }
   write_new_steps(rec);
 }
@@ -48,9 +53,13 @@ void CSVLogger::write_new_rows(const Recorder& rec) {
 void CSVLogger::write_new_steps(const Recorder& rec) {
   for (; steps_written_ < rec.steps().size(); ++steps_written_) {
     const StepRecord& s = rec.steps()[steps_written_];
-    steps_ << s.iter << ',' << s.epoch << ',' << s.loss << ',' << s.smooth_loss << ',' << s.lr << ',';
-    if (std::isfinite(s.scale)) steps_ << s.scale;  // empty when no loss scale was used
-    steps_ << ',' << (s.skipped ? 1 : 0) << '\n';
+    const char* sep = "";
+    for (const auto& c : step_columns()) {
+      steps_ << std::exchange(sep, ",");
+      const double v = c.get(s);
+      if (!(c.blank_when_nan && std::isnan(v))) steps_ << v;  // empty: no loss scale, grad norm or momentum
+    }
+    steps_ << '\n';
   }
 }
 

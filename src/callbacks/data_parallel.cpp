@@ -1,9 +1,9 @@
 #include "mixtrain/callbacks/data_parallel.h"
 
-#include "mixtrain/amp/precision_callback.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/core/precision_callback.h"
+#include "mixtrain/core/learner.h"
 
-#include "../archive_util.h"
+#include "util/archive_util.h"
 
 #include <torch/torch.h>
 

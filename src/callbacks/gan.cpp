@@ -1,8 +1,7 @@
 #include "mixtrain/callbacks/gan.h"
 
-#include "mixtrain/amp/grad_scaler.h"
-#include "mixtrain/amp/precision_callback.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/core/precision_callback.h"
+#include "mixtrain/core/learner.h"
 
 #include <torch/autograd.h>
 
@@ -56,9 +55,8 @@ void GANTrainer::after_backward(Learner& learn) {
   if (!learn.training()) return;
   // The generator's loss is scaled and its optimizer stepped by the same GradScaler,
   // so both optimizers' checks feed one update().
-  auto pc = learn.precision_cb();
-  amp::GradScaler* scaler = pc ? pc->grad_scaler() : nullptr;
-  torch::Tensor loss = scaler ? scaler->scale(generator_loss_) : generator_loss_;
+  const auto pc = learn.precision_cb();
+  torch::Tensor loss = pc ? pc->scale_extra_loss(generator_loss_) : generator_loss_;
   std::vector<torch::Tensor> params;
   for (auto& group : generator_opt_->param_groups())
     for (auto& p : group.params()) params.push_back(p);
@@ -72,7 +70,7 @@ void GANTrainer::after_backward(Learner& learn) {
     // gradient) does not allow: own a plain tensor in that case.
     params[i].mutable_grad() = grads[i].is_view() ? grads[i].clone() : grads[i];
   }
-  const bool stepped = scaler ? scaler->step(*generator_opt_) : (generator_opt_->step(), true);
+  const bool stepped = pc ? pc->step_extra_optimizer(*generator_opt_) : (generator_opt_->step(), true);
   generator_opt_->zero_grad();
   generator_losses_.push_back(generator_loss_.item<double>());
   generator_skipped_.push_back(!stepped);

@@ -1,6 +1,6 @@
 #include "mixtrain/callbacks/gradient_accumulation.h"
 
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 
 namespace mixtrain::callbacks {
 

@@ -1,7 +1,7 @@
 #include "mixtrain/callbacks/gradient_clip.h"
 
-#include "mixtrain/host_read.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/util/host_read.h"
+#include "mixtrain/core/learner.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 #include "mixtrain/callbacks/progress.h"
 
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 
 #include <unistd.h>
 

@@ -1,11 +1,11 @@
 #include "mixtrain/callbacks/summary_writer.h"
 
-#include "mixtrain/amp/precision_callback.h"
-#include "mixtrain/host_read.h"
-#include "mixtrain/learner.h"
-#include "mixtrain/precision.h"
+#include "mixtrain/core/precision_callback.h"
+#include "mixtrain/util/host_read.h"
+#include "mixtrain/core/learner.h"
+#include "mixtrain/core/precision.h"
 
-#include "../json_number.h"
+#include "util/json_number.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
@@ -78,7 +78,8 @@ void SummaryWriter::after_fit(Learner& learn) {
   const std::string& path = options_.path();
   std::ofstream f(path, std::ios::out | std::ios::trunc);
   TORCH_CHECK(f.is_open(), "Cannot write ", path, ": ", std::strerror(errno));
-  f << j.dump(2) << '\n';
+  json_ = j.dump(2) + "\n";
+  f << json_;
   TORCH_CHECK(f.good(), "Writing ", path, " failed");
 }
 

@@ -1,7 +1,7 @@
 #include "mixtrain/callbacks/terminate_on_nan.h"
 
-#include "mixtrain/amp/precision_callback.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/core/precision_callback.h"
+#include "mixtrain/core/learner.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 #include "mixtrain/callbacks/tracker.h"
 
-#include "../archive_util.h"
-#include "mixtrain/learner.h"
+#include "util/archive_util.h"
+#include "mixtrain/core/learner.h"
 
 #include <torch/serialize/archive.h>
 

@@ -1,18 +1,18 @@
 #include "mixtrain/diagnose/compare.h"
 
-#include "../first_line.h"
-#include "../comma_list.h"
+#include "diagnose/catalogue.h"
+#include "util/first_line.h"
+#include "util/comma_list.h"
 
 #include "mixtrain/amp/mixed_precision.h"
-#include "mixtrain/amp/precision_callback.h"
+#include "mixtrain/core/precision_callback.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/stop_on_request.h"
-#include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
-#include "mixtrain/learner.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/core/learner.h"
+#include "mixtrain/util/option_error.h"
 
 #include <torch/torch.h>
 
@@ -55,13 +55,6 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
 
 namespace {
 
-/// A scale as a trial's setting writes it: "256", "1.049e+06".
-std::string format_trial_number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4g", v);
-  return buf;
-}
-
 void fit(Learner& learn, const CompareOptions& o) {
   torch::manual_seed(o.seed());  // dropout and anything else drawing from the global generator
   if (o.one_cycle())
@@ -76,26 +69,14 @@ data::Batch probe_batch(Learner& learn) {
   return data::Batch::head_of(learn.dls().train.dataset(), std::max<int64_t>(1, learn.dls().train.options().batch_size()));
 }
 
-struct Candidate {
-  Phrase fix;
-  std::vector<Setting> settings;
-};
-
 /// The mixed run again with `c`'s settings, from the same initial weights, seed and
 /// data order, judged against the baseline by the verdict's rules (finite losses,
 /// skips, the gap; no traces: what the trial itself did decides). `next_overflow`
 /// receives the module where a trial's forward pass still overflows, if any.
 Trial run_trial(const LearnerFactory& make_learner, const CompareOptions& o, const std::vector<torch::Tensor>& initial,
-                const Evidence& measured, const Candidate& c, std::string* next_overflow) {
-  CompareOptions t = o;
-  double clip = 0;
-  for (const auto& st : c.settings) {
-    if (st.key == "keep_fp32") t.keep_fp32(mixtrain::detail::comma_list(st.value));
-    if (st.key == "init_scale") t.scaler().init_scale(std::stod(st.value));
-    if (st.key == "growth_interval") t.scaler().growth_interval(std::stoll(st.value));
-    if (st.key == "clip") clip = std::stod(st.value);
-    if (st.key == "precision") t.precision(parse_precision(st.value));
-  }
+                const Evidence& measured, const Fix& c, std::string* next_overflow) {
+  MixedRun t{o.precision(), o.precision_options(), 0};
+  for (const auto& st : c.settings) o.apply_setting()(st, t);
   const auto start = std::chrono::steady_clock::now();
   torch::manual_seed(o.seed());
   std::unique_ptr<Learner> learn = make_learner();
@@ -103,21 +84,17 @@ Trial run_trial(const LearnerFactory& make_learner, const CompareOptions& o, con
     const auto state = learn->model().state_tensors();
     for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
   }
-  learn->set_precision(t.precision(), PrecisionOptions()
-                                          .scaler(t.scaler())
-                                          .allow_fp16_emulation(t.allow_fp16_emulation())
-                                          .keep_fp32(t.keep_fp32()));
-  while (auto warning = learn->get_cb<FitWarning>()) learn->remove_cb(warning);
-  if (clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(clip));
-  if (next_overflow && t.precision() == Precision::kFp16) {
+  learn->set_precision(t.precision, t.options);
+  if (t.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(t.clip));
+  if (next_overflow && t.precision == Precision::kFp16) {
     const OverflowTrace trace = trace_overflow(*learn, probe_batch(*learn));
     if (trace.first_overflow) *next_overflow = trace.first_overflow->island();
   }
-  fit(*learn, t);
+  fit(*learn, o);
   Trial r;
   r.fix = c.fix;
   r.settings = c.settings;
-  r.run = summarize_run(*learn, precision_name(t.precision()));
+  r.run = summarize_run(*learn, precision_name(t.precision));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Evidence e;
   e.fp32 = measured.fp32;
@@ -129,48 +106,14 @@ Trial run_trial(const LearnerFactory& make_learner, const CompareOptions& o, con
   return r;
 }
 
-/// The candidates a verdict calls for, from what was measured.
-std::vector<Candidate> candidates_for(const Diagnosis& d, const CompareOptions& o) {
-  std::vector<Candidate> out;
-  const Evidence& e = d.evidence;
-  const Phrase bf16 = "train in bf16";
-  const Candidate to_bf16{bf16, {{"precision", "bf16"}}};
-  const bool fp16 = o.precision() == Precision::kFp16;
-  if (d.verdict == Verdict::kForwardOverflow) {
-    const OpFinding* f = e.trace_start && e.trace_start->first_overflow ? &*e.trace_start->first_overflow
-                         : e.trace_end && e.trace_end->first_overflow   ? &*e.trace_end->first_overflow
-                                                                        : nullptr;
-    if (f && !f->island().empty()) out.push_back({"keep " + f->island() + " in fp32", {{"keep_fp32", f->island()}}});
-    if (fp16) out.push_back(to_bf16);
-  } else if (d.verdict == Verdict::kGradientOverflow) {
-    const double start = e.mixed ? e.mixed->scale.initial_scale : 65536;
-    const double lower = std::max(1.0, std::min(256.0, start / 256));
-    out.push_back({"start the scaler lower", {{"init_scale", format_trial_number(lower)}}});
-    out.push_back({"clip gradients", {{"clip", "1"}}});
-    if (fp16) out.push_back(to_bf16);
-    if (e.gradients && !e.gradients->params.empty() && e.gradients->overflow > 0) {
-      const std::string& p = e.gradients->params.front().name;
-      const std::string module = p.substr(0, p.rfind('.') == std::string::npos ? 0 : p.rfind('.'));
-      if (!module.empty()) out.push_back({"keep " + module + " in fp32", {{"keep_fp32", module}}});
-    }
-  } else if (d.verdict == Verdict::kUnderflow) {
-    const double now = e.gradients ? e.gradients->scale : e.mixed ? e.mixed->scale.final_scale : 65536;
-    const double safe = e.gradients ? roomy_scale(*e.gradients, 65536) : 65536;
-    if (fp16) out.push_back({"raise the loss scale", {{"init_scale", format_trial_number(std::max(safe, 4 * now))}}});
-    if (fp16) out.push_back({"grow the scale sooner", {{"growth_interval", "100"}}});
-    if (fp16) out.push_back(to_bf16);
-  }
-  return out;
-}
-
 void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOptions& o,
                const std::vector<torch::Tensor>& initial) {
-  if (o.max_trials() <= 0 || d.healthy() || d.verdict == Verdict::kUnsupported || d.verdict == Verdict::kBrokenInFp32)
-    return;
-  std::vector<Candidate> queue = candidates_for(d, o);
+  const detail::TrialsFor trials = detail::entry(d.verdict).trials;
+  if (o.max_trials() <= 0 || !o.apply_setting() || !trials) return;
+  std::vector<Fix> queue = trials(d, o);
   // Islands grow while a trial still overflows elsewhere, up to the trial budget.
   for (size_t i = 0; i < queue.size() && static_cast<int64_t>(d.trials.size()) < o.max_trials(); ++i) {
-    const Candidate c = queue[i];
+    const Fix c = queue[i];
     const bool island = !c.settings.empty() && c.settings[0].key == "keep_fp32";
     std::string next;
     std::cout << "doctor: trial " << d.trials.size() + 1 << ": " << c.fix.str() << std::endl;
@@ -196,7 +139,7 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
         names.push_back(next);
         const std::string islands = mixtrain::detail::comma_joined(names);
         queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                     Candidate{"keep " + islands + " in fp32", {{"keep_fp32", islands}}});
+                     Fix{"keep " + islands + " in fp32", {{"keep_fp32", islands}}});
       }
     }
   }
@@ -232,7 +175,8 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
 
   // D first: nothing else needs to run when the precision cannot.
   try {
-    amp::check_precision_supported(compute_dtype(o.precision()), baseline->device(), o.allow_fp16_emulation());
+    amp::check_precision_supported(compute_dtype(o.precision()), baseline->device(),
+                                   o.precision_options().allow_fp16_emulation());
   } catch (const OptionError& e) {
     ev.unsupported = e.phrase();
   } catch (const c10::Error& e) {
@@ -257,12 +201,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     TORCH_CHECK(state.size() == initial.size(), "diagnose::compare: the learner factory built two different models");
     for (size_t i = 0; i < state.size(); ++i) state[i].copy_(initial[i]);
   }
-  mixed->set_precision(o.precision(), PrecisionOptions()
-                                         .scaler(o.scaler())
-                                         .allow_fp16_emulation(o.allow_fp16_emulation())
-                                         .keep_fp32(o.keep_fp32()));
-  // The verdict speaks for this run: no end-of-fit warning that could say otherwise.
-  while (auto warning = mixed->get_cb<FitWarning>()) mixed->remove_cb(warning);
+  mixed->set_precision(o.precision(), o.precision_options());
 
   const data::Batch probe = probe_batch(*mixed);
   // bf16 has fp32's exponent range: there is no fp16 overflow to trace.

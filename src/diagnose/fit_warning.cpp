@@ -1,7 +1,7 @@
 #include "mixtrain/diagnose/fit_warning.h"
 
 #include "mixtrain/diagnose/scale_analysis.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 
 #include <algorithm>
 #include <iostream>

@@ -3,7 +3,7 @@
 #include "diagnostic_pass.h"
 
 #include "mixtrain/diagnose/overflow_trace.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 #include "mixtrain/diagnose/input_check.h"
 
-#include "../short_number.h"
+#include "util/short_number.h"
 
 #include <torch/torch.h>
 

@@ -5,11 +5,11 @@
 #include "diagnostic_pass.h"
 #include "mixtrain/amp/autocast.h"
 #include "mixtrain/amp/fp32_islands.h"
-#include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/op_trace.h"
-#include "mixtrain/learner.h"
-#include "mixtrain/module_scope.h"
+#include "mixtrain/core/precision_callback.h"
+#include "mixtrain/core/learner.h"
+#include "mixtrain/models/module_scope.h"
 
 #include <torch/torch.h>
 
@@ -152,7 +152,8 @@ OverflowTrace trace_overflow(Learner& learn, const data::Batch& batch) {
       emulation.emplace();
     // The learner's fp32 islands apply to the traced pass as they do to training.
     std::optional<amp::Fp32Islands> islands;
-    if (const auto mp = learn.get_cb<amp::MixedPrecision>(); mp && !mp->keep_fp32().empty()) islands.emplace(mp->keep_fp32(), std::make_shared<const amp::IslandParams>(amp::island_params(mp->keep_fp32(), module)));
+    if (const auto pc = learn.precision_cb(); pc && !pc->keep_fp32().empty())
+      islands.emplace(pc->keep_fp32(), std::make_shared<const amp::IslandParams>(amp::island_params(pc->keep_fp32(), module)));
     amp::OpTraceScope observe(&tracer);
     torch::Tensor pred = learn.model().forward(learn.model().inputs_for(b));
     autocast.reset();

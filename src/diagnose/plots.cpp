@@ -1,6 +1,6 @@
 #include "mixtrain/diagnose/plots.h"
 
-#include "mixtrain/svg_plot.h"
+#include "mixtrain/util/svg_plot.h"
 
 #include <cmath>
 #include <limits>

@@ -1,7 +1,7 @@
 #include "mixtrain/run/commands.h"
 
 #include "mixtrain/amp/fp32_islands.h"
-#include "mixtrain/atomic_file.h"
+#include "mixtrain/util/atomic_file.h"
 #include "mixtrain/callbacks/checkpointer.h"
 #include "mixtrain/callbacks/csv_logger.h"
 #include "mixtrain/callbacks/data_parallel.h"
@@ -11,13 +11,13 @@
 #include "mixtrain/callbacks/tracker.h"
 #include "mixtrain/diagnose/compare.h"
 #include "mixtrain/diagnose/plots.h"
-#include "mixtrain/distributed.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/parallel/distributed.h"
+#include "mixtrain/util/option_error.h"
 #include "mixtrain/run/learner_builder.h"
 #include "mixtrain/run/model_registry.h"
 #include "mixtrain/run/run_folder.h"
-#include "mixtrain/testing.h"
-#include "mixtrain/threads.h"
+#include "mixtrain/callbacks/fault_injection.h"
+#include "mixtrain/util/threads.h"
 
 #include <torch/torch.h>
 
@@ -115,7 +115,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   // are checked before the run folder is written.
   const std::unique_ptr<Learner> learner = build_learner(a, split, writer);
   Learner& learn = *learner;
-  learn.set_precision(r.precision, r.precision_options);
+  set_precision(learn, r);
   if (a.resume.empty() && writer) start_folder(a, env.world_size);
   const RunFolder folder(a.out);
 
@@ -127,7 +127,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   if (group) {
     data_parallel = std::make_shared<callbacks::DataParallel>(
         group, callbacks::DataParallelOptions()
-                   .comm_dtype(r.comm_dtype == "fp16" ? torch::kHalf : torch::kFloat)
+                   .comm_dtype(r.comm_dtype)
                    .stop_request(stop.requested)
                    .stop_agreed(stop.agreed));
     learn.add_cb(data_parallel);
@@ -151,9 +151,10 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   if (a.abort_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<testing::AbortAt>(a.abort_at_step));
   if (a.inject_overflow_at_step >= 0 && last_rank)
     learn.add_cb(std::make_shared<testing::InjectOverflow>(std::set<int64_t>{a.inject_overflow_at_step}));
+  std::shared_ptr<callbacks::SummaryWriter> summary;
   if (writer) {
     learn.add_cb(std::make_shared<callbacks::CSVLogger>(a.out));
-    learn.add_cb(std::make_shared<callbacks::SummaryWriter>(
+    learn.add_cb(summary = std::make_shared<callbacks::SummaryWriter>(
         callbacks::SummaryWriterOptions(folder.file("summary.json"))
             .text({{"model", r.model}})
             .integers({{"threads", threads},
@@ -181,6 +182,10 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   TrainResult result;
   result.folder = a.out;
   result.world_size = env.world_size;
+  result.metric_names = learn.recorder().metric_names();
+  result.epochs = learn.recorder().values();
+  result.steps = learn.recorder().steps();
+  if (summary) result.summary = summary->json();
   if (checkpointer->interrupted()) {
     // Every rank stopped at the same batch; rank 0 wrote the checkpoint.
     result.end = TrainResult::End::kInterrupted;
@@ -200,7 +205,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
     // A finished run is not resumable into a retrain from an older checkpoint.
     folder.mark_finished(r.epochs);
     folder.write_model(learn.model(), r.model);
-    folder.write_charts(learn.recorder());
+    result.charts = folder.write_charts(learn.recorder());
     if (a.report_files)
       std::printf("%s; run written to %s (trained model: model.pt)\n", metrics_line(learn).c_str(), a.out.c_str());
     else
@@ -220,7 +225,7 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   const RunFolder folder(a.out);
   folder.prepare();
   const auto learner = build_learner(a, split, /*progress=*/false);
-  learner->set_precision(r.precision, r.precision_options);
+  set_precision(*learner, r);
   if (stop.requested) learner->add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
   const LrFindOptions& o = a.lr_find;
   const int64_t batches = learner->dls().train.num_batches();
@@ -241,6 +246,13 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   if (a.report_files)
     std::cout << "written: " << folder.file("lr_find.svg") << " " << folder.file("lr_find.csv") << std::endl;
   return res;
+}
+
+std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d) {
+  std::map<std::string, std::string> charts;
+  if (d.evidence.fp32 || d.evidence.mixed) charts["loss"] = diagnose::loss_curves_svg(d.evidence, d.trials);
+  if (d.evidence.mixed && d.evidence.mixed->scale.has_scale) charts["scale"] = diagnose::scale_history_svg(*d.evidence.mixed);
+  return charts;
 }
 
 diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags& stop) {
@@ -277,21 +289,16 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
                                                 .epochs(r.epochs)
                                                 .lr(r.lr.last())
                                                 .precision(r.precision)
-                                                .scaler(r.precision_options.scaler())
-                                                .allow_fp16_emulation(r.precision_options.allow_fp16_emulation())
-                                                .keep_fp32(r.precision_options.keep_fp32())
+                                                .precision_options(r.precision_options)
                                                 .max_trials(a.no_trials ? 0 : a.max_trials)
+                                                .apply_setting(apply_setting)
                                                 .seed(r.seed));
 
   write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
   std::vector<std::string> written{folder.file("diagnosis.json")};
-  if (d.evidence.fp32 || d.evidence.mixed) {
-    write_file_atomically(folder.file("loss.svg"), diagnose::loss_curves_svg(d.evidence, d.trials));
-    written.push_back(folder.file("loss.svg"));
-  }
-  if (d.evidence.mixed && d.evidence.mixed->scale.has_scale) {
-    write_file_atomically(folder.file("scale.svg"), diagnose::scale_history_svg(*d.evidence.mixed));
-    written.push_back(folder.file("scale.svg"));
+  for (const auto& [name, svg] : doctor_charts(d)) {
+    write_file_atomically(folder.file(name + ".svg"), svg);
+    written.push_back(folder.file(name + ".svg"));
   }
   std::cout << "\n" << d.report(words);
   if (a.report_files) {
@@ -300,6 +307,19 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
   }
   std::cout << std::endl;
   return d;
+}
+
+void apply_setting(const diagnose::Setting& setting, diagnose::MixedRun& run) {
+  const Option* o = find_option(setting.key);
+  TORCH_INTERNAL_ASSERT(o, "a trial sets '", setting.key, "', which is no option");
+  RunArgs a;
+  a.config.precision = run.precision;
+  a.config.precision_options = run.options;
+  a.config.clip = run.clip;
+  o->set(a, setting.value);
+  run.precision = a.config.precision;
+  run.options = a.config.precision_options;
+  run.clip = a.config.clip;
 }
 
 } // namespace mixtrain::run

@@ -1,11 +1,13 @@
 #include "mixtrain/run/learner_builder.h"
 
-#include "../first_line.h"
+#include "util/first_line.h"
+#include "mixtrain/amp/precision_options.h"
 #include "mixtrain/callbacks/gradient_accumulation.h"
+#include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/callbacks/gradient_clip.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/util/option_error.h"
 #include "mixtrain/run/model_registry.h"
-#include "mixtrain/scripted_model.h"
+#include "mixtrain/models/scripted_model.h"
 
 #include <torch/torch.h>
 
@@ -67,29 +69,28 @@ data::DatasetSplit load_split(const RunArgs& a, int world_size) {
 }
 
 ThreadPolicy thread_policy(const RunConfig& r) {
-  if (r.thread_policy == "blas") return ThreadPolicy::kBlas;
-  if (r.thread_policy == "intra_op") return ThreadPolicy::kIntraOp;
+  if (r.thread_policy) return *r.thread_policy;
   const BuiltinModel* builtin = find_builtin_model(r.model);
   return builtin ? builtin->threads : ThreadPolicy::kIntraOp;
 }
 
 Model build_model(const RunConfig& r) {
   const BuiltinModel* builtin = find_builtin_model(r.model);
-  if (builtin && r.loss == "model")
+  if (builtin && r.loss == LossKind::kModel)
     throw OptionError("loss", Phrase::setting("loss", "model") + " is for a TorchScript model that computes its loss; the built-in " +
                                   r.model + " does not (" + Phrase::name("loss") + " cross_entropy, mse or bce_with_logits)");
-  return builtin ? builtin->build() : load_scripted_model(r.model, r.output, r.loss == "model");
+  return builtin ? builtin->build() : load_scripted_model(r.model, r.output, r.loss == LossKind::kModel);
 }
 
 Model build_model(const RunArgs& a) { return a.model_source ? a.model_source(a.config) : build_model(a.config); }
 
 bool is_sequence_classification(const data::DatasetSplit& split, const RunConfig& r) {
   const torch::Tensor& y = split.train.y;
-  return r.loss == "cross_entropy" && y.defined() && y.dim() == 2 && !y.is_floating_point();
+  return r.loss == LossKind::kCrossEntropy && y.defined() && y.dim() == 2 && !y.is_floating_point();
 }
 
 std::vector<Metric> metrics_for(const RunConfig& r, const data::DatasetSplit& split, const torch::Tensor& prediction) {
-  if (r.loss == "model") {
+  if (r.loss == LossKind::kModel) {
     // A model's own loss says nothing about its targets; accuracy where the
     // prediction is class scores [N, C] for class targets [N]. (A language model
     // that shifts its labels inside would be misjudged by accuracy or perplexity
@@ -100,8 +101,8 @@ std::vector<Metric> metrics_for(const RunConfig& r, const data::DatasetSplit& sp
     return {};
   }
   if (is_sequence_classification(split, r)) return {accuracy(), perplexity()};
-  if (r.loss == "cross_entropy") return {accuracy()};
-  if (r.loss == "bce_with_logits") return {binary_accuracy()};
+  if (r.loss == LossKind::kCrossEntropy) return {accuracy()};
+  if (r.loss == LossKind::kBceWithLogits) return {binary_accuracy()};
   return {};  // mse: the validation loss says it
 }
 
@@ -131,7 +132,7 @@ torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, c
 std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSplit& split, bool progress) {
   const RunConfig& r = a.config;
   Model model = build_model(a);
-  LossFn loss = r.loss == "model" ? model_loss(model) : loss_by_name(r.loss);
+  LossFn loss = r.loss == LossKind::kModel ? model_loss(model) : loss_for(r.loss);
   const torch::Tensor probe = check_model_fits_data(model, loss, split.train);
   auto options = LearnerOptions().metrics(metrics_for(r, split, probe)).progress(progress).wd_bn_bias(r.wd_bn_bias);
   // A split point that names no layer is an OptionError("split_at") from the constructor (the splitter runs there).
@@ -143,6 +144,11 @@ std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSpli
   if (r.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(r.clip));
   if (r.accum > 1) learn->add_cb(std::make_shared<callbacks::GradientAccumulation>(r.accum));
   return learn;
+}
+
+void set_precision(Learner& learn, const RunConfig& config) {
+  learn.set_precision(config.precision, config.precision_options);
+  if (config.precision == Precision::kFp16) learn.add_cb(std::make_shared<diagnose::FitWarning>());
 }
 
 } // namespace mixtrain::run

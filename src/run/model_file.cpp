@@ -1,10 +1,10 @@
 // The trained model as a file: TorchScript for scripted models, an archive for built-ins.
 #include "mixtrain/run/model_file.h"
 
-#include "../first_line.h"
-#include "mixtrain/atomic_file.h"
+#include "util/first_line.h"
+#include "mixtrain/util/atomic_file.h"
 #include "mixtrain/run/model_registry.h"
-#include "mixtrain/scripted_model.h"
+#include "mixtrain/models/scripted_model.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>

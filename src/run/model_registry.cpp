@@ -1,8 +1,8 @@
 #include "mixtrain/run/model_registry.h"
 
-#include "mixtrain/data.h"
-#include "mixtrain/models.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/data/data.h"
+#include "mixtrain/models/zoo.h"
+#include "mixtrain/util/option_error.h"
 
 namespace mixtrain::run {
 

@@ -1,10 +1,11 @@
 #include "mixtrain/run/options.h"
 
-#include "../comma_list.h"
+#include "util/comma_list.h"
 #include "mixtrain/amp/mixed_precision.h"
-#include "mixtrain/atomic_file.h"
-#include "mixtrain/data.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/amp/loss_scale_rule.h"
+#include "mixtrain/util/atomic_file.h"
+#include "mixtrain/data/data.h"
+#include "mixtrain/util/option_error.h"
 #include "mixtrain/run/model_registry.h"
 
 #include <nlohmann/json.hpp>
@@ -66,6 +67,36 @@ struct Def {
   Def& added_later() { return o.stored = o.added_later = true, *this; }
   Def& hidden() { return o.hidden = true, *this; }
   Def& no_default() { return o.show_default = false, *this; }
+  Def& not_keyword() { return o.keyword = false, *this; }
+  /// The smallest value it takes, and a bound it stays above.
+  Def& at_least(double lo) { return o.min = lo, *this; }
+  Def& above(double lo) { return o.min = lo, o.min_excluded = true, *this; }
+  /// A choice among `names`, each standing for a value of the field `at` reaches.
+  template <typename T, typename At>
+  Def& choice(std::vector<std::pair<std::string, T>> names, At at) {
+    std::string listed;
+    for (const auto& n : names) {
+      o.choices.push_back(n.first);
+      listed += (listed.empty() ? "" : ", ") + n.first;
+    }
+    const std::string key = o.key;
+    return access(
+        [names, at](const RunArgs& a) {
+          const T& v = at(const_cast<RunArgs&>(a));
+          for (const auto& [name, value] : names)
+            if (value == v) return name;
+          TORCH_INTERNAL_ASSERT(false, "a value with no name in its option's choices");
+          return std::string();
+        },
+        [names, at, key, listed](RunArgs& a, const std::string& text) {
+          for (const auto& [name, value] : names)
+            if (name == text) {
+              at(a) = value;
+              return;
+            }
+          throw OptionError(key, "unknown " + Phrase::name(key) + " '" + text + "' (choices: " + listed + ")");
+        });
+  }
   Def& in(Command c, std::string help) { return o.help_for.emplace_back(c, std::move(help)), *this; }
   Def& modes(std::vector<Precision> m, std::string note = "") {
     o.modes = std::move(m);
@@ -129,20 +160,20 @@ std::vector<Option> make_table() {
           "tensor or a list of tensors), 'y' and optionally 'valid_x', 'valid_y'; for a text model (transformer) a text "
           "file or directory (default: the model's own data: Fashion-MNIST in " + std::string(data::kFashionMnistDir) +
               ", the transformer's corpus in " + data::kFortunesDir + ")")
-          .stored().no_default().field<std::string>(MIXTRAIN_CONFIG(data)));
-  add(Def("model", "--model", ValueType::kText, kT | kD | kL, model_help).stored().field<std::string>(MIXTRAIN_CONFIG(model)));
+          .stored().no_default().not_keyword().field<std::string>(MIXTRAIN_CONFIG(data)));
+  add(Def("model", "--model", ValueType::kText, kT | kD | kL, model_help).stored().not_keyword().field<std::string>(MIXTRAIN_CONFIG(model)));
   add(Def("loss", "--loss", ValueType::kText, kT | kD | kL,
           "Loss: cross_entropy (classes; also [N, T, C] sequences), mse, bce_with_logits, or model: a TorchScript model "
           "that computes its loss takes the targets as its last input and returns it (a dict's 'loss', a scalar, or "
           "(loss, logits))")
-          .added_later().field<std::string>(MIXTRAIN_CONFIG(loss)));
+          .added_later().choice(loss_names(), MIXTRAIN_CONFIG(loss)));
   add(Def("output", "--output", ValueType::kText, kT | kD | kL,
           "Which part of a TorchScript model's structured output is the prediction: a dict key or namedtuple field "
           "(logits), or a tuple index (1); default: a dict's 'logits', else the first tensor of a tuple or list")
           .added_later().no_default().field<std::string>(MIXTRAIN_CONFIG(output)));
-  add(Def("epochs", "--epochs", ValueType::kInt, kT | kD, "Epochs to train (>= 1)")
-          .in(Command::kDoctor, "Epochs each of the two runs trains (>= 1)")
-          .stored().field<int64_t>(MIXTRAIN_CONFIG(epochs)));
+  add(Def("epochs", "--epochs", ValueType::kInt, kT | kD, "Epochs to train")
+          .in(Command::kDoctor, "Epochs each of the two runs trains")
+          .stored().at_least(1).field<int64_t>(MIXTRAIN_CONFIG(epochs)));
   add(Def("lr", "--lr", ValueType::kLrs, kT | kD,
           "Peak learning rate of the one-cycle schedule (> 0); with --split-at one per parameter group (1e-4,1e-3) or "
           "fastai's slice: LO:HI spreads them geometrically, :HI gives HI/10 to all but the last group")
@@ -150,7 +181,7 @@ std::vector<Option> make_table() {
           .stored()
           .access([](const RunArgs& a) { return a.config.lr.str(); },
                   [](RunArgs& a, const std::string& t) { a.config.lr = Lrs::parse(t); }));
-  add(Def("bs", "--bs", ValueType::kInt, kT | kD | kL, "Batch size (>= 1)").stored().field<int64_t>(MIXTRAIN_CONFIG(bs)));
+  add(Def("bs", "--bs", ValueType::kInt, kT | kD | kL, "Batch size").stored().at_least(1).field<int64_t>(MIXTRAIN_CONFIG(bs)));
   add(Def("seed", "--seed", ValueType::kInt, kT | kD | kL,
           "Seed for weights and data order (0 to 2^63-1); same seed + threads = same result")
           .stored()
@@ -169,13 +200,16 @@ std::vector<Option> make_table() {
           "Train on the first N training samples only (>= 1; default: all)")
           .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(limit)));
   add(Def("threads", "--threads", ValueType::kInt, kT | kD | kL,
-          "Threads in all (>= 1; default 0 = all cores), placed as --thread-policy says")
-          .stored().field<int>(MIXTRAIN_CONFIG(threads)));
+          "Threads in all (0: all cores), placed as --thread-policy says")
+          .stored().at_least(0).field<int>(MIXTRAIN_CONFIG(threads)));
   add(Def("thread_policy", "--thread-policy", ValueType::kText, kT | kD | kL,
           "Where the threads go: intra_op (libtorch's OpenMP pool, OpenBLAS at 1: conv nets), blas (OpenBLAS, "
           "libtorch at 1: models dominated by large matrix products), auto (the built-in model's choice; intra_op "
           "for TorchScript models)")
-          .added_later().field<std::string>(MIXTRAIN_CONFIG(thread_policy)));
+          .added_later()
+          .choice(std::vector<std::pair<std::string, std::optional<ThreadPolicy>>>{
+                      {"auto", std::nullopt}, {"intra_op", ThreadPolicy::kIntraOp}, {"blas", ThreadPolicy::kBlas}},
+                  MIXTRAIN_CONFIG(thread_policy)));
   add(Def("precision", "--precision", ValueType::kText, kT | kD | kL,
           "Training precision: fp32, fp16 (autocast + dynamic loss scaling; emulated on CPU), bf16 (autocast, no "
           "scaler), bf16-master / fp16-master (model stored in bf16/fp16, fp32 master weights, norm layers fp32)")
@@ -185,20 +219,20 @@ std::vector<Option> make_table() {
           .access([](const RunArgs& a) { return precision_name(a.config.precision); },
                   [](RunArgs& a, const std::string& t) { a.config.precision = parse_precision(t); }));
   const std::string scaler_note = "it sets fp16's GradScaler";
-  add(Def("init_scale", "--init-scale", ValueType::kNumber, kT | kD | kL, "fp16: initial loss scale (default 65536)")
-          .stored().no_default().modes(kScaler, scaler_note)
+  add(Def("init_scale", "--init-scale", ValueType::kNumber, kT | kD | kL, "fp16: initial loss scale")
+          .stored().modes(kScaler, scaler_note)
           .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.scaler().init_scale(); }));
   add(Def("growth_factor", "--growth-factor", ValueType::kNumber, kT | kD | kL,
-          "fp16: scale multiplier after growth-interval clean steps (default 2)")
-          .stored().no_default().modes(kScaler, scaler_note)
+          "fp16: scale multiplier after growth-interval clean steps")
+          .stored().modes(kScaler, scaler_note)
           .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.scaler().growth_factor(); }));
   add(Def("backoff_factor", "--backoff-factor", ValueType::kNumber, kT | kD | kL,
-          "fp16: scale multiplier on overflow (default 0.5)")
-          .stored().no_default().modes(kScaler, scaler_note)
+          "fp16: scale multiplier on overflow")
+          .stored().modes(kScaler, scaler_note)
           .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.scaler().backoff_factor(); }));
   add(Def("growth_interval", "--growth-interval", ValueType::kInt, kT | kD | kL,
-          "fp16: clean steps before the scale grows (default 2000)")
-          .stored().no_default().modes(kScaler, scaler_note)
+          "fp16: clean steps before the scale grows")
+          .stored().modes(kScaler, scaler_note)
           .field<int64_t>([](RunArgs& a) -> int64_t& { return a.config.precision_options.scaler().growth_interval(); }));
   add(Def("no_emulation", "--no-emulation", ValueType::kSwitch, kT | kD | kL,
           "fp16 on CPU: fail instead of emulating fp16 numerics (emulation checks fp16 safety; no speed-up)")
@@ -221,7 +255,8 @@ std::vector<Option> make_table() {
                   }));
   const std::string master_note = "it sets fp16-master/bf16-master";
   add(Def("loss_scale", "--loss-scale", ValueType::kNumber, kT | kL,
-          "fp16-master/bf16-master: a static loss scale X (default: dynamic from 65536)")
+          "fp16-master/bf16-master: a static loss scale X (0: dynamic, starting at " +
+              format_number(amp::kDefaultInitScale) + ")")
           .stored().no_default().modes(kMaster, master_note)
           .access([](const RunArgs& a) { return format_number(const_cast<RunArgs&>(a).config.precision_options.master().loss_scale()); },
                   [](RunArgs& a, const std::string& t) {
@@ -233,21 +268,21 @@ std::vector<Option> make_table() {
   add(Def("dynamic", "", ValueType::kSwitch, 0, "fp16-master/bf16-master: dynamic loss scaling")
           .stored().field<bool>([](RunArgs& a) -> bool& { return a.config.precision_options.master().dynamic(); }));
   add(Def("max_noskip", "--max-noskip", ValueType::kInt, kT | kL,
-          "fp16-master/bf16-master: clean steps before the scale doubles (default 1000)")
-          .stored().no_default().modes(kMaster, master_note)
+          "fp16-master/bf16-master: clean steps before the scale doubles")
+          .stored().modes(kMaster, master_note)
           .field<int64_t>([](RunArgs& a) -> int64_t& { return a.config.precision_options.master().max_noskip(); }));
   add(Def("max_scale", "--max-scale", ValueType::kNumber, kT | kL,
-          "fp16-master/bf16-master: the scale never grows past X (default 16777216)")
-          .stored().no_default().modes(kMaster, master_note)
+          "fp16-master/bf16-master: the scale never grows past X")
+          .stored().modes(kMaster, master_note)
           .field<double>([](RunArgs& a) -> double& { return a.config.precision_options.master().max_scale(); }));
   add(Def("flat_master", "--flat-master", ValueType::kSwitch, kT | kL,
           "fp16-master/bf16-master: one contiguous fp32 master buffer per param group")
           .stored().no_default().modes(kMaster, master_note)
           .field<bool>([](RunArgs& a) -> bool& { return a.config.precision_options.master().flat_master(); }));
   add(Def("clip", "--clip", ValueType::kNumber, kT | kD | kL, "Clip the global gradient norm to X (after unscaling; default: off)")
-          .stored().no_default().field<double>(MIXTRAIN_CONFIG(clip)));
+          .stored().no_default().at_least(0).field<double>(MIXTRAIN_CONFIG(clip)));
   add(Def("accum", "--accum", ValueType::kInt, kT | kD | kL, "Accumulate gradients over N batches per optimizer step")
-          .stored().field<int64_t>(MIXTRAIN_CONFIG(accum)));
+          .stored().at_least(1).field<int64_t>(MIXTRAIN_CONFIG(accum)));
   add(Def("wd_bn_bias", "--wd-bn-bias", ValueType::kSwitch, kT | kD | kL,
           "Apply weight decay to norm layers' parameters and biases too (fastai's wd_bn_bias; default: not)")
           .added_later().no_default().field<bool>(MIXTRAIN_CONFIG(wd_bn_bias)));
@@ -268,17 +303,20 @@ std::vector<Option> make_table() {
           "What --save-best and --early-stop follow: valid_loss, train_loss, or a metric (accuracy, perplexity)")
           .added_later().field<std::string>(MIXTRAIN_CONFIG(monitor)));
   add(Def("save_every", "--save-every", ValueType::kInt, kT,
-          "Save a checkpoint every N epochs and after the last (default 0: only on Ctrl-C)")
-          .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(save_every)));
-  add(Def("keep", "--keep", ValueType::kInt, kT, "Keep only the newest K checkpoints (default 0: all)")
-          .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(keep)));
+          "Save a checkpoint every N epochs and after the last (0: only on Ctrl-C)")
+          .stored().at_least(0).field<int64_t>(MIXTRAIN_CONFIG(save_every)));
+  add(Def("keep", "--keep", ValueType::kInt, kT, "Keep only the newest K checkpoints (0: all)")
+          .stored().at_least(0).field<int64_t>(MIXTRAIN_CONFIG(keep)));
   add(Def("max_bad_steps", "--max-bad-steps", ValueType::kInt, kT,
           "With loss scaling (fp16, *-master): stop after more than N consecutive NaN/inf losses (fp32/bf16 stop at "
           "the first)")
-          .stored().field<int64_t>(MIXTRAIN_CONFIG(max_bad_steps)));
+          .stored().at_least(0).field<int64_t>(MIXTRAIN_CONFIG(max_bad_steps)));
   add(Def("comm_dtype", "--comm-dtype", ValueType::kText, kT,
           "Data parallel (under mixtrain launch / torchrun): dtype gradients travel in, fp32 or fp16 (half the traffic)")
-          .stored().field<std::string>(MIXTRAIN_CONFIG(comm_dtype)));
+          .stored().not_keyword()
+          .choice(std::vector<std::pair<std::string, c10::ScalarType>>{{"fp32", c10::ScalarType::Float},
+                                                                       {"fp16", c10::ScalarType::Half}},
+                  MIXTRAIN_CONFIG(comm_dtype)));
   add(Def("ranks", "", ValueType::kInt, 0, "Data-parallel ranks the run was trained by")
           .added_later().field<int>(MIXTRAIN_CONFIG(ranks)));
   add(Def("out", "--out", ValueType::kText, kT | kD | kL,
@@ -286,28 +324,28 @@ std::vector<Option> make_table() {
           "runs/<timestamp>)")
           .in(Command::kDoctor, "Directory for diagnosis.json, loss.svg and scale.svg (default: runs/doctor-<timestamp>)")
           .in(Command::kLrFind, "Directory for lr_find.svg and lr_find.csv (default: runs/lr_find-<timestamp>)")
-          .no_default().field<std::string>(MIXTRAIN_ARGS(out)));
+          .no_default().not_keyword().field<std::string>(MIXTRAIN_ARGS(out)));
   add(Def("resume", "--resume", ValueType::kText, kT,
           "Continue the run in OUT_DIR from its latest checkpoint, with the run's own flags (OUT_DIR/args.json)")
-          .no_default().field<std::string>(MIXTRAIN_ARGS(resume)));
+          .no_default().not_keyword().field<std::string>(MIXTRAIN_ARGS(resume)));
   add(Def("force", "--force", ValueType::kSwitch, kT, "Start a new run in an --out directory that already holds checkpoints")
           .no_default().field<bool>(MIXTRAIN_ARGS(force)));
   add(Def("timeout", "--timeout", ValueType::kNumber, kT,
           "Data parallel: seconds to wait for the other ranks, at the rendezvous and in every collective")
-          .field<double>(MIXTRAIN_ARGS(timeout)));
+          .above(0).not_keyword().field<double>(MIXTRAIN_ARGS(timeout)));
   add(Def("start_lr", "--start-lr", ValueType::kNumber, kL, "First learning rate of the sweep")
-          .field<double>([](RunArgs& a) -> double& { return a.lr_find.start_lr(); }));
+          .above(0).field<double>([](RunArgs& a) -> double& { return a.lr_find.start_lr(); }));
   add(Def("end_lr", "--end-lr", ValueType::kNumber, kL, "Last learning rate of the sweep")
           .field<double>([](RunArgs& a) -> double& { return a.lr_find.end_lr(); }));
   add(Def("num_it", "--num-it", ValueType::kInt, kL, "Steps of the sweep")
-          .field<int64_t>([](RunArgs& a) -> int64_t& { return a.lr_find.num_it(); }));
+          .at_least(LrFindOptions::kMinSteps).field<int64_t>([](RunArgs& a) -> int64_t& { return a.lr_find.num_it(); }));
   add(Def("max_trials", "--max-trials", ValueType::kInt, kD,
           "After a problem verdict, try at most N candidate fixes, each one more mixed run from the same weights, seed "
           "and data order, and name the best proven one")
-          .field<int64_t>(MIXTRAIN_ARGS(max_trials)));
+          .at_least(0).field<int64_t>(MIXTRAIN_ARGS(max_trials)));
   add(Def("no_trials", "--no-trials", ValueType::kSwitch, kD, "Try no fixes: the verdict and its fixes only")
           .no_default().field<bool>(MIXTRAIN_ARGS(no_trials)));
-  // Testing aids (mixtrain/testing.h), hidden from help.
+  // Testing aids (mixtrain/callbacks/fault_injection.h), hidden from help.
   add(Def("interrupt_at_step", "--interrupt-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(interrupt_at_step)));
   add(Def("abort_at_step", "--abort-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(abort_at_step)));
   add(Def("inject_overflow_at_step", "--inject-overflow-at-step", ValueType::kInt, kT, "")
@@ -318,16 +356,6 @@ std::vector<Option> make_table() {
 #undef MIXTRAIN_CONFIG
 #undef MIXTRAIN_ARGS
 
-void at_least(const std::string& key, int64_t v, int64_t lo) {
-  check_option(v >= lo, key, v, "must be >= " + std::to_string(lo));
-}
-
-void one_of(const std::string& key, const std::string& v, const std::vector<std::string>& choices) {
-  if (std::find(choices.begin(), choices.end(), v) != choices.end()) return;
-  std::string list;
-  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-  throw OptionError(key, "unknown " + Phrase::name(key) + " '" + v + "' (choices: " + list + ")");
-}
 
 } // namespace
 
@@ -348,10 +376,16 @@ RunArgs defaults_for(Command command) {
 
 bool Option::applies_to(Precision p) const { return modes.empty() || std::find(modes.begin(), modes.end(), p) != modes.end(); }
 
-const std::string& Option::help_in(Command command) const {
-  for (const auto& [c, text] : help_for)
-    if (c == command) return text;
-  return help;
+std::string Option::limit() const {
+  if (!min) return "";
+  return (min_excluded ? "> " : ">= ") + format_number(*min);
+}
+
+std::string Option::help_in(Command command) const {
+  std::string text = help;
+  for (const auto& [c, own] : help_for)
+    if (c == command) text = own;
+  return min ? text + " (" + limit() + ")" : text;
 }
 
 const std::vector<Option>& options() {
@@ -388,34 +422,22 @@ void validate(const RunArgs& args, Command command) {
   if (train && r.split_at.empty() && r.freeze_to != 0)
     throw OptionError("freeze_to", Phrase::setting("freeze_to", std::to_string(r.freeze_to)) +
                                        " needs parameter groups: name where they start with " + Phrase::name("split_at"));
-  at_least("bs", r.bs, 1);
-  if (command != Command::kLrFind) at_least("epochs", r.epochs, 1);
+  // The table's limits, and finite numbers, for every option the command takes
+  // (a mode's own options only in that mode: the library checks them there too).
+  for (const Option& o : options()) {
+    if (!o.takes(command) || !o.applies_to(r.precision)) continue;
+    if (o.type != ValueType::kInt && o.type != ValueType::kNumber) continue;
+    const std::string text = o.get(args);
+    const double v = std::strtod(text.c_str(), nullptr);
+    if (o.type == ValueType::kNumber) check_option(std::isfinite(v), o.key, text, "must be a finite number");
+    if (o.min) check_option(o.min_excluded ? v > *o.min : v >= *o.min, o.key, text, "must be " + o.limit());
+  }
   check_option(r.limit == -1 || r.limit >= 1, "limit", r.limit, "must be >= 1");
-  at_least("threads", r.threads, 0);
-  one_of("thread_policy", r.thread_policy, {"auto", "intra_op", "blas"});
   if (!args.model_source && !find_builtin_model(r.model) && !fs::is_regular_file(r.model))
     throw OptionError("model", "unknown " + Phrase::name("model") + " '" + r.model + "': not a built-in model (" +
                                    builtin_model_list() + ") " + (fs::exists(r.model) ? "and not a file" : "and no such file"));
-  one_of("loss", r.loss, {"cross_entropy", "mse", "bce_with_logits", "model"});
-  check_option(r.clip >= 0 && std::isfinite(r.clip), "clip", format_number(r.clip), "must be > 0");
-  at_least("accum", r.accum, 1);
-  if (train) {
-    at_least("save_every", r.save_every, 0);
-    at_least("keep", r.keep, 0);
-    at_least("max_bad_steps", r.max_bad_steps, 0);
-    check_option(r.early_stop >= -1, "early_stop", r.early_stop, "must be >= 0");
-    if (r.comm_dtype != "fp32" && r.comm_dtype != "fp16")
-      throw OptionError("comm_dtype", "invalid " + Phrase::name("comm_dtype") + " '" + r.comm_dtype + "' (choices: fp32, fp16)");
-    check_option(args.timeout > 0 && std::isfinite(args.timeout), "timeout", format_number(args.timeout), "must be > 0");
-  }
-  if (command == Command::kDoctor) at_least("max_trials", args.max_trials, 0);
-  if (command == Command::kLrFind) {
-    const LrFindOptions& o = args.lr_find;
-    check_option(o.start_lr() > 0 && std::isfinite(o.start_lr()), "start_lr", format_number(o.start_lr()), "must be > 0");
-    check_option(o.end_lr() > o.start_lr() && std::isfinite(o.end_lr()), "end_lr", format_number(o.end_lr()),
-                 "must be above the start lr " + format_number(o.start_lr()));
-    check_option(o.num_it() >= 2, "num_it", o.num_it(), "must be >= 2");
-  }
+  if (train) check_option(r.early_stop >= -1, "early_stop", r.early_stop, "must be >= 0");
+  if (command == Command::kLrFind) validate(args.lr_find);  // the sweep's own checks, with their keys
   // The library's own option checks (OptionError with the option's key).
   validate_precision(r.precision, r.precision_options, torch::kCPU);
   // Training on a CPU: fp16 there is emulated, or an error with no_emulation. For

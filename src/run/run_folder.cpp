@@ -1,9 +1,9 @@
 #include "mixtrain/run/run_folder.h"
 
-#include "mixtrain/atomic_file.h"
+#include "mixtrain/util/atomic_file.h"
 #include "mixtrain/callbacks/checkpointer.h"
 #include "mixtrain/diagnose/plots.h"
-#include "mixtrain/option_error.h"
+#include "mixtrain/util/option_error.h"
 #include "mixtrain/run/model_file.h"
 
 #include <unistd.h>
@@ -54,11 +54,11 @@ void RunFolder::write_model(const Model& model, const std::string& builtin_name)
   save_model(model, file("model.pt"), builtin_name);
 }
 
-void RunFolder::write_charts(const Recorder& recorder) const {
-  write_file_atomically(file("loss.svg"), diagnose::plot_loss(recorder));
-  write_file_atomically(file("lr.svg"), diagnose::plot_sched(recorder));
-  const std::string scale = diagnose::plot_scale(recorder);
-  if (!scale.empty()) write_file_atomically(file("scale.svg"), scale);
+std::map<std::string, std::string> RunFolder::write_charts(const Recorder& recorder) const {
+  std::map<std::string, std::string> charts{{"loss", diagnose::plot_loss(recorder)}, {"lr", diagnose::plot_sched(recorder)}};
+  if (std::string scale = diagnose::plot_scale(recorder); !scale.empty()) charts["scale"] = std::move(scale);
+  for (const auto& [name, svg] : charts) write_file_atomically(file(name + ".svg"), svg);
+  return charts;
 }
 
 } // namespace mixtrain::run

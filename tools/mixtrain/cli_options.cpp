@@ -1,6 +1,6 @@
 #include "cli_options.h"
 
-#include <mixtrain/option_error.h>
+#include <mixtrain/util/option_error.h>
 
 namespace mixtrain_cli {
 

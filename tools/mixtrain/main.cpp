@@ -3,7 +3,7 @@
 // (mixtrain/run/commands.h); the training logic, the run folder and the doctor
 // live in libmixtrain. What is left here is the terminal: flags, signals, exit
 // codes and the one-line errors.
-#include <mixtrain/option_error.h>
+#include <mixtrain/util/option_error.h>
 #include <mixtrain/run/commands.h>
 
 #include "cli_options.h"

@@ -37,7 +37,7 @@ namespace mixtrain::amp {
 /// (min_scale, max_scale, hysteresis) are off by default.
 struct GradScalerOptions {
   /// Initial loss scale (torch and fastai: 2^16).
-  TORCH_ARG(double, init_scale) = 65536.0;
+  TORCH_ARG(double, init_scale) = kDefaultInitScale;
   /// Scale multiplier after growth_interval clean steps (> 1).
   TORCH_ARG(double, growth_factor) = 2.0;
   /// Scale multiplier on overflow (in (0, 1)).

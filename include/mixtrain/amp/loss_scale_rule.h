@@ -7,6 +7,10 @@
 
 namespace mixtrain::amp {
 
+/// The default initial loss scale, 2^16: torch's GradScaler and fastai v1's dynamic
+/// scaling both start here. The one place the number is written.
+constexpr double kDefaultInitScale = 65536.0;
+
 /// The rule's parameters. The defaults are torch's GradScaler.
 struct LossScaleRuleOptions {
   double growth_factor = 2.0;     ///< multiplier after growth_interval clean steps (> 1)

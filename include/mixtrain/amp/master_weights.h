@@ -4,8 +4,8 @@
 /// and steps that are truly skipped on overflow.
 
 #include "mixtrain/amp/loss_scale_rule.h"
-#include "mixtrain/amp/precision_callback.h"
-#include "mixtrain/norm_layer.h"
+#include "mixtrain/core/precision_callback.h"
+#include "mixtrain/models/norm_layer.h"
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -82,6 +82,7 @@ class MasterWeights : public PrecisionCallback {
   const MasterWeightsOptions& options() const { return options_; }
   c10::ScalarType dtype() const override { return options_.dtype(); }
   bool master_weights() const override { return true; }
+  std::vector<std::string> keep_fp32() const override { return options_.keep_fp32(); }
   bool loss_scaled() const override { return true; }
   double loss_scale() const override { return rule_.scale(); }
   void set_found_inf_reducer(std::function<void(torch::Tensor& flag)> reduce) override {

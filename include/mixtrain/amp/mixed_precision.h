@@ -6,7 +6,7 @@
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/grad_scaler.h"
-#include "mixtrain/amp/precision_callback.h"
+#include "mixtrain/core/precision_callback.h"
 
 #include <memory>
 #include <optional>
@@ -52,6 +52,12 @@ class MixedPrecision : public PrecisionCallback {
     scaler_.set_found_inf_reducer(std::move(reduce));
   }
   GradScaler* grad_scaler() override { return scaler_.is_enabled() ? &scaler_ : nullptr; }
+  torch::Tensor scale_extra_loss(const torch::Tensor& loss) override {
+    return scaler_.is_enabled() ? scaler_.scale(loss) : loss;
+  }
+  bool step_extra_optimizer(torch::optim::Optimizer& optimizer) override {
+    return scaler_.is_enabled() ? scaler_.step(optimizer) : PrecisionCallback::step_extra_optimizer(optimizer);
+  }
   std::string mode_tag() const override;
   /// The scaler (disabled for bf16).
   GradScaler& scaler() { return scaler_; }
@@ -63,7 +69,7 @@ class MixedPrecision : public PrecisionCallback {
     prepared_for_.reset();
     return *this;
   }
-  const std::vector<std::string>& keep_fp32() const { return keep_fp32_; }
+  std::vector<std::string> keep_fp32() const override { return keep_fp32_; }
 
   /// Checkpoints carry the scaler's state.
   std::string state_key() const override { return "mixed_precision"; }

@@ -1,7 +1,7 @@
 #pragma once
 /// Periodic and on-interrupt checkpoints in a run directory.
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 
 #include <torch/arg.h>
 

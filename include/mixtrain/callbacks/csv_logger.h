@@ -1,8 +1,8 @@
 #pragma once
 /// CSV logs: one row per epoch (metrics.csv) and one per training step (steps.csv).
 
-#include "mixtrain/callback.h"
-#include "mixtrain/recorder.h"
+#include "mixtrain/core/callback.h"
+#include "mixtrain/core/recorder.h"
 
 #include <cstdint>
 #include <fstream>

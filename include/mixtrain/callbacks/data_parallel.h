@@ -1,8 +1,8 @@
 #pragma once
 /// Data-parallel training: one Learner per rank, kept identical by c10d.
 
-#include "mixtrain/callback.h"
-#include "mixtrain/distributed.h"
+#include "mixtrain/core/callback.h"
+#include "mixtrain/parallel/distributed.h"
 
 #include <torch/arg.h>
 

@@ -3,8 +3,8 @@
 /// fastai documents to_fp16 as broken for GANs; here each optimizer gets its own
 /// unscale and skip from the shared GradScaler, with one update per batch.
 
-#include "mixtrain/callback.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/core/callback.h"
+#include "mixtrain/core/learner.h"
 
 #include <memory>
 #include <vector>

@@ -1,7 +1,7 @@
 #pragma once
 /// Gradient accumulation that composes with loss scaling.
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 #pragma once
 /// Progress output: fastai's epoch table, plus a live bar on a terminal.
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 
 #include <iosfwd>
 #include <string>

@@ -5,7 +5,7 @@
 /// instead (it saves first); this is for the runs that keep nothing: the doctor's
 /// and lr_find's.
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 
 #include <atomic>
 #include <stdexcept>

@@ -1,7 +1,7 @@
 #pragma once
 /// summary.json: the outcome of a fit in one machine-readable file.
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 
 #include <torch/arg.h>
 
@@ -47,9 +47,12 @@ class SummaryWriter : public Callback {
   void before_batch(Learner& learn) override;
   void after_batch(Learner& learn) override;
   void after_fit(Learner& learn) override;
+  /// The last summary written, as JSON text (what the file holds).
+  const std::string& json() const { return json_; }
 
  private:
   SummaryWriterOptions options_;
+  std::string json_;
   int64_t reads_at_batch_start_ = 0;  // host_reads() when the training batch began
   int64_t step_reads_ = 0, steps_ = 0;
 };

@@ -2,7 +2,7 @@
 /// Stops a run whose loss became NaN or inf, saving the state it stopped in and
 /// saying whether those weights are still good.
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 #include "mixtrain/callbacks/checkpointer.h"
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 /// fastai's TrackerCallback family: follow a monitored value across epochs,
 /// keep the best model (SaveModel), stop when it no longer improves (EarlyStopping).
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 
 #include <torch/types.h>
 

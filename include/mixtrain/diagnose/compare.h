@@ -5,7 +5,7 @@
 
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/diagnose/diagnosis.h"
-#include "mixtrain/precision.h"
+#include "mixtrain/amp/precision_options.h"
 
 #include <torch/arg.h>
 
@@ -29,15 +29,24 @@ constexpr int64_t kMinCompareSteps = 8;
 /// weights, and both see the same data order when the loaders are seeded.
 using LearnerFactory = std::function<std::unique_ptr<Learner>()>;
 
+/// What a trial may change in the mixed run: its precision mode and options, and
+/// gradient clipping (0: none beyond what the factory's Learner has).
+struct MixedRun {
+  Precision precision = Precision::kFp16;
+  PrecisionOptions options;
+  double clip = 0;
+};
+/// Applies one of a fix's settings (an option key and its value as text) to a
+/// trial's mixed run. run::apply_setting does it through the option table.
+using SettingApplier = std::function<void(const Setting& setting, MixedRun& run)>;
+
 struct CompareOptions {
   TORCH_ARG(int64_t, epochs) = 1;
   TORCH_ARG(double, lr) = 1e-3;
   /// The mixed precision compared with fp32: Precision::kFp16 or kBf16.
   TORCH_ARG(Precision, precision) = Precision::kFp16;
-  TORCH_ARG(amp::GradScalerOptions, scaler) = {};
-  TORCH_ARG(bool, allow_fp16_emulation) = true;
-  /// fp32 islands of the mixed run (PrecisionOptions::keep_fp32).
-  TORCH_ARG(std::vector<std::string>, keep_fp32);
+  /// The mixed run's options: its scaler, emulation and fp32 islands.
+  TORCH_ARG(PrecisionOptions, precision_options);
   /// torch's global seed, set before building each Learner and before each fit.
   TORCH_ARG(uint64_t, seed) = 42;
   /// fit_one_cycle (fastai's default) or a constant-lr fit.
@@ -45,13 +54,31 @@ struct CompareOptions {
   /// After a problem verdict, try at most this many candidate fixes (0: none).
   /// Each trial costs one mixed run; a healthy model costs none.
   TORCH_ARG(int64_t, max_trials) = 4;
+  /// How a fix's settings change a trial's run: run::apply_setting (the option
+  /// table's setters). Without one no fix is tried.
+  TORCH_ARG(SettingApplier, apply_setting) = nullptr;
+
+  /// 0.1.0's fields, now those of precision_options(); removed in 0.3.0.
+  [[deprecated("use precision_options(PrecisionOptions().scaler(...))")]] CompareOptions& scaler(amp::GradScalerOptions s) {
+    precision_options_.scaler(s);
+    return *this;
+  }
+  [[deprecated("use precision_options(PrecisionOptions().allow_fp16_emulation(...))")]] CompareOptions& allow_fp16_emulation(bool a) {
+    precision_options_.allow_fp16_emulation(a);
+    return *this;
+  }
+  [[deprecated("use precision_options(PrecisionOptions().keep_fp32(...))")]] CompareOptions& keep_fp32(std::vector<std::string> k) {
+    precision_options_.keep_fp32(std::move(k));
+    return *this;
+  }
 };
 
 /// Runs the pair and decides. The Learners' Recorders hold the full histories;
 /// the evidence keeps per-step losses, scales and skips for plotting. After a
 /// problem verdict (forward_overflow, gradient_overflow, underflow) it tries up to
-/// max_trials candidate fixes, each a mixed run from the same initial weights,
-/// seed and data order, judged by the same rules, and names the best proven one:
+/// max_trials candidate fixes (the verdict's catalogue entry says which; their
+/// settings applied by apply_setting), each a mixed run from the same initial
+/// weights, seed and data order, judged by the same rules, and names the best proven one:
 /// - forward_overflow: keep the overflowing module in fp32 (adding the next
 ///   overflowing module while a trial still overflows), then bf16;
 /// - gradient_overflow: a lower initial scale, gradient clipping, bf16, an fp32

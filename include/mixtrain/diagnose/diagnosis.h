@@ -9,7 +9,7 @@
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/diagnose/scale_analysis.h"
-#include "mixtrain/phrase.h"
+#include "mixtrain/util/phrase.h"
 
 #include <limits>
 #include <optional>
@@ -87,6 +87,14 @@ struct Setting {
   std::string key, value;
 };
 
+/// A fix worth a trial: what it does in words, and the option settings that make
+/// the mixed run again with it. The words of every front end (flags, keywords,
+/// library calls) are rendered from the settings.
+struct Fix {
+  Phrase fix;                     ///< "keep conv_proj in fp32"
+  std::vector<Setting> settings;  ///< what it changes
+};
+
 /// A candidate fix, tried: the mixed run again with the fix's settings, from the
 /// same initial weights, seed and data order, judged by the same rules as the verdict.
 struct Trial {
@@ -123,7 +131,8 @@ struct Diagnosis {
   std::string to_json(const OptionWords& words = api_words()) const;
 };
 
-/// The rules, on measurements alone (never on which model it is):
+/// The rules, on measurements alone (never on which model it is), tried in the
+/// catalogue's order (src/diagnose/catalogue.cpp):
 /// unsupported > broken_in_fp32 > forward_overflow > gradient_overflow > underflow > healthy.
 Diagnosis decide(Evidence evidence);
 

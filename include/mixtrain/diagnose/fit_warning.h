@@ -1,9 +1,9 @@
 #pragma once
 /// FitWarning: the callback behind the one line a loss-scaled fit ends with when
 /// it skipped more than 5% of its steps or its loss scale collapsed (fastai stays
-/// silent). Learner::to_fp16 / set_precision(kFp16) attach it.
+/// silent). The run layer attaches it for fp16 (run::set_precision); core does not.
 
-#include "mixtrain/callback.h"
+#include "mixtrain/core/callback.h"
 
 #include <cstddef>
 #include <string>

@@ -2,7 +2,7 @@
 /// Gradient health: how much of each parameter's gradient fp16 would lose at a
 /// given loss scale.
 
-#include "mixtrain/data.h"
+#include "mixtrain/data/data.h"
 
 #include <torch/nn/module.h>
 

@@ -1,7 +1,7 @@
 #pragma once
 /// Overflow tracer: which op's fp16 output overflows, and in which module.
 
-#include "mixtrain/data.h"
+#include "mixtrain/data/data.h"
 
 #include <cstdint>
 #include <optional>

@@ -4,7 +4,7 @@
 /// rather look at than read.
 
 #include "mixtrain/diagnose/diagnosis.h"
-#include "mixtrain/recorder.h"
+#include "mixtrain/core/recorder.h"
 
 #include <string>
 

@@ -3,7 +3,7 @@
 /// person to read `learn.scales`: skip rate, collapse, a scale pinned at its
 /// minimum while the loss is flat.
 
-#include "mixtrain/recorder.h"
+#include "mixtrain/core/recorder.h"
 
 #include <cstdint>
 #include <string>

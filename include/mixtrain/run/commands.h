@@ -4,12 +4,14 @@
 /// end (the mixtrain CLI, the Python package) fills a RunArgs from its user's
 /// words through the option table and calls one of these; it adds nothing else.
 
+#include "mixtrain/diagnose/compare.h"
 #include "mixtrain/diagnose/diagnosis.h"
-#include "mixtrain/lr_find.h"
-#include "mixtrain/phrase.h"
+#include "mixtrain/core/lr_find.h"
+#include "mixtrain/util/phrase.h"
 #include "mixtrain/run/options.h"
 
 #include <atomic>
+#include <map>
 #include <string>
 
 namespace mixtrain::run {
@@ -32,6 +34,12 @@ struct TrainResult {
   std::string checkpoint;  ///< kInterrupted: the checkpoint written
   int world_size = 1;      ///< data-parallel ranks that trained it
   Phrase message;          ///< kStopped: why
+  // What the run measured, as its files say it (rank 0's), so that a front end reads no file:
+  std::vector<std::string> metric_names;  ///< the metric columns of `epochs`
+  std::vector<EpochRecord> epochs;        ///< the Recorder's epoch rows (metrics.csv)
+  std::vector<StepRecord> steps;          ///< every training step (steps.csv)
+  std::string summary;                    ///< summary.json's text (empty on ranks that write none)
+  std::map<std::string, std::string> charts;  ///< kFinished: "loss", "lr", "scale" -> SVG text, as written
 };
 
 /// The configuration of the run in `folder`, for `--resume`: its args.json, with
@@ -53,5 +61,14 @@ LrFindResult lr_find(RunArgs args, const StopFlags& stop = {});
 /// the charts, and prints the report with options named in `words`. A stop
 /// request ends it with callbacks::StopRequested after the batch in flight.
 diagnose::Diagnosis doctor(RunArgs args, const OptionWords& words = api_words(), const StopFlags& stop = {});
+
+/// The doctor's charts by name: "loss" (both runs and the trials) and, with a
+/// loss scale, "scale"; what mixtrain doctor writes as loss.svg and scale.svg.
+std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d);
+
+/// A doctor trial's setting applied through the option table: the row of
+/// `setting.key` sets its value on `run` as it would from the command line
+/// (OptionError for a value the row refuses). What diagnose::compare's trials use.
+void apply_setting(const diagnose::Setting& setting, diagnose::MixedRun& run);
 
 } // namespace mixtrain::run

@@ -4,11 +4,11 @@
 /// calls for, parameter groups, clipping and accumulation; and the probe that
 /// says, before anything trains, whether the model runs on the data at all.
 
-#include "mixtrain/data.h"
-#include "mixtrain/learner.h"
+#include "mixtrain/data/data.h"
+#include "mixtrain/core/learner.h"
 #include "mixtrain/run/options.h"
 #include "mixtrain/run/run_config.h"
-#include "mixtrain/threads.h"
+#include "mixtrain/util/threads.h"
 
 #include <memory>
 
@@ -46,6 +46,11 @@ std::vector<Metric> metrics_for(const RunConfig& config, const data::DatasetSpli
 /// freeze_to, and OptionError("data") when the model does not run on the data
 /// (one line saying why, checked on two samples before anything trains).
 std::unique_ptr<Learner> build_learner(const RunArgs& args, const data::DatasetSplit& split, bool progress);
+
+/// Sets the configuration's precision mode on `learn` and, where a mixed run can
+/// end with skipped steps (fp16), attaches the end-of-fit warning
+/// (diagnose::FitWarning): train and lr_find want it, the doctor's runs do not.
+void set_precision(Learner& learn, const RunConfig& config);
 
 /// One forward and loss on the first two samples of `train` in eval mode, before
 /// anything is built on the model; returns the prediction (fp32). Throws

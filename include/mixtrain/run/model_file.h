@@ -2,7 +2,7 @@
 /// The trained model as a file, and inference with it (fastai's export /
 /// load_learner / predict).
 
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 
 #include <cstdint>
 #include <string>

@@ -5,8 +5,8 @@
 /// treatment as a built-in one wherever its data says it should (perplexity for
 /// any sequence model, say).
 
-#include "mixtrain/learner.h"
-#include "mixtrain/threads.h"
+#include "mixtrain/core/learner.h"
+#include "mixtrain/util/threads.h"
 
 #include <functional>
 #include <string>

@@ -11,13 +11,14 @@
 ///   mixtrain::run::find_option("init_scale")->set(args, "256");
 ///   mixtrain::run::validate(args, mixtrain::run::Command::kTrain);
 
-#include "mixtrain/lr_find.h"
-#include "mixtrain/phrase.h"
+#include "mixtrain/core/lr_find.h"
+#include "mixtrain/util/phrase.h"
 #include "mixtrain/run/run_config.h"
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,17 @@ struct Option {
   bool added_later = false;      ///< absent from the first release's args.json: its default applies
   bool hidden = false;           ///< a testing aid, left out of help
   bool show_default = true;      ///< help shows the default
+  /// The names a choice takes (loss, thread_policy, comm_dtype), in help's order:
+  /// set() refuses any other, naming these.
+  std::vector<std::string> choices;
+  /// The smallest value a number takes: validate() refuses less and help says it
+  /// ("(>= 1)", "(> 0)"). Numbers must be finite besides.
+  std::optional<double> min;
+  bool min_excluded = false;     ///< min itself is refused ("> 0")
+  /// A keyword argument of the Python functions. The model, the data and out are
+  /// their arguments; resuming, rendezvous timeouts and gradient communication
+  /// belong to the CLI's runs (mixtrain train --resume, mixtrain launch).
+  bool keyword = true;
   /// The value as text (the CLI's and args.json's form: exact numbers, "true"/"false").
   std::function<std::string(const RunArgs&)> get;
   /// Sets it from text; throws OptionError naming the key for text that does not parse.
@@ -98,8 +110,10 @@ struct Option {
 
   bool takes(Command c) const { return (commands & static_cast<unsigned>(c)) != 0; }
   bool applies_to(Precision p) const;
-  /// The help `command` shows.
-  const std::string& help_in(Command command) const;
+  /// The help `command` shows, with the limit the row holds ("Batch size (>= 1)").
+  std::string help_in(Command command) const;
+  /// The limit as help says it (">= 1", "> 0"), or "" for none.
+  std::string limit() const;
 };
 
 /// The table, in the order help lists the options.

@@ -4,10 +4,15 @@
 /// once, in the option table (mixtrain/run/options.h): its key, flag, help and
 /// default; args.json is read and written from that table.
 
-#include "mixtrain/param_groups.h"
-#include "mixtrain/precision.h"
+#include "mixtrain/amp/precision_options.h"
+#include "mixtrain/core/param_groups.h"
+#include "mixtrain/models/loss.h"
+#include "mixtrain/util/threads.h"
+
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace mixtrain::run {
@@ -17,7 +22,7 @@ struct RunConfig {
   /// model a text file or directory; empty: the model's own data (the registry's).
   std::string data;
   std::string model = "cnn";                  ///< built-in model name, or a TorchScript file
-  std::string loss = "cross_entropy";         ///< cross_entropy, mse or bce_with_logits
+  LossKind loss = LossKind::kCrossEntropy;    ///< cross_entropy, mse, bce_with_logits or the model's own
   std::string output;                         ///< which part of a structured model output is the prediction ("": the default rule)
   int64_t epochs = 1;
   Lrs lr = 3e-3;                              ///< peak of the one-cycle schedule, or one per parameter group
@@ -25,7 +30,7 @@ struct RunConfig {
   uint64_t seed = 42;
   int64_t limit = -1;                         ///< first N training samples (-1: all)
   int threads = 0;                            ///< threads in all (0: all cores)
-  std::string thread_policy = "auto";         ///< where threads go: auto (the model's), intra_op, blas
+  std::optional<ThreadPolicy> thread_policy;  ///< where threads go (none: "auto", the model's own)
   Precision precision = Precision::kFp32;
   PrecisionOptions precision_options;         ///< the scaler's and the master weights' options
   double clip = 0;                            ///< global gradient-norm clip (0: off)
@@ -34,7 +39,7 @@ struct RunConfig {
   int64_t save_every = 0;                     ///< epochs between checkpoints (0: only on interrupt)
   int64_t keep = 0;                           ///< checkpoints kept (0: all)
   int64_t max_bad_steps = 10;                 ///< with loss scaling: consecutive NaN/inf losses tolerated
-  std::string comm_dtype = "fp32";            ///< data parallel: dtype gradients travel in
+  c10::ScalarType comm_dtype = c10::ScalarType::Float;  ///< data parallel: dtype gradients travel in (Float or Half)
   int ranks = 1;                              ///< data-parallel ranks the run was trained by
   std::string monitor = "valid_loss";         ///< what save_best and early_stop follow
   bool save_best = false;                     ///< keep the best epoch's model and end with it

@@ -4,9 +4,10 @@
 /// `latest`, metrics.csv / steps.csv / summary.json, `finished` once the run
 /// completed (so it is not resumed into a retrain), model.pt and the run charts.
 
-#include "mixtrain/learner.h"
+#include "mixtrain/core/learner.h"
 #include "mixtrain/run/run_config.h"
 
+#include <map>
 #include <string>
 
 namespace mixtrain::run {
@@ -37,8 +38,8 @@ class RunFolder {
   RunConfig read_config() const { return RunConfig::read(path_); }
   /// model.pt: TorchScript for a scripted model (torch.jit.load reads it), else the built-in's weights.
   void write_model(const Model& model, const std::string& builtin_name) const;
-  /// loss.svg, lr.svg and, with a loss scale, scale.svg.
-  void write_charts(const Recorder& recorder) const;
+  /// loss.svg, lr.svg and, with a loss scale, scale.svg; returns them by name ("loss", "lr", "scale").
+  std::map<std::string, std::string> write_charts(const Recorder& recorder) const;
 
  private:
   std::string path_;

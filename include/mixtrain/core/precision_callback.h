@@ -1,0 +1,83 @@
+#pragma once
+/// PrecisionCallback: what every mixed-precision callback (amp's MixedPrecision,
+/// MasterWeights) tells the rest of the library. It is core's, because the
+/// Learner calls it: checkpoints, data parallelism, the NaN stop, the doctor and
+/// the front ends use this interface and never the concrete types.
+
+#include "mixtrain/core/callback.h"
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixtrain {
+
+namespace amp {
+class GradScaler;
+} // namespace amp
+
+/// Bytes held for parameters, so a user can see what master weights cost.
+struct ParamMemory {
+  int64_t model = 0;    ///< the model's parameters (half / bf16, norms fp32)
+  int64_t masters = 0;  ///< fp32 master copies
+  int64_t grads = 0;    ///< model grads + master grads, once allocated
+};
+
+class PrecisionCallback : public Callback {
+ public:
+  /// The dtype the model computes in: kHalf, kBFloat16, or kFloat (fp32 with a scaler).
+  virtual c10::ScalarType dtype() const = 0;
+  /// Whether the model is stored in dtype() with fp32 master weights (fastai v1's
+  /// mode) rather than kept in fp32 under autocast.
+  virtual bool master_weights() const { return false; }
+  /// Whether the loss is multiplied by a loss scale before backward (and steps
+  /// with inf/NaN gradients are skipped instead of applied).
+  virtual bool loss_scaled() const = 0;
+  /// The current loss scale (1 when the loss is not scaled). Its per-step history
+  /// is the Recorder's (StepRecord::scale and ::skipped), kept in checkpoints.
+  virtual double loss_scale() const = 0;
+  /// Whether fp16 (or bf16) numerics are emulated on a device without them (fp16
+  /// on a CPU, bf16 on a CPU without bf16 instructions),
+  /// as decided at the start of the last fit.
+  virtual bool emulated() const { return false; }
+  /// Data parallelism: `reduce` turns a one-element float flag (1 = this rank saw
+  /// inf/NaN gradients) into the maximum over all ranks, so every rank skips the
+  /// same steps and keeps the same scale. nullptr removes it.
+  virtual void set_found_inf_reducer(std::function<void(torch::Tensor& flag)> reduce) = 0;
+  /// The GradScaler behind the loss scale, or nullptr (bf16, master weights): a
+  /// callback that backpropagates an extra loss (a GAN's generator) scales it and
+  /// steps its own optimizer with it.
+  virtual amp::GradScaler* grad_scaler() { return nullptr; }
+  /// A second loss that a callback backpropagates itself (a GAN's generator),
+  /// scaled as the Learner's loss is (unchanged when the loss is not scaled).
+  virtual torch::Tensor scale_extra_loss(const torch::Tensor& loss) { return loss; }
+  /// Steps that callback's own optimizer after backward on scale_extra_loss's
+  /// result: unscales its gradients and skips the step on inf/NaN when the loss
+  /// is scaled, so both optimizers' checks feed one scale update. Returns
+  /// whether the optimizer stepped.
+  virtual bool step_extra_optimizer(torch::optim::Optimizer& optimizer) {
+    optimizer.step();
+    return true;
+  }
+  /// The module paths or patterns the mode keeps in fp32 (fp32 islands), so the
+  /// doctor's traced pass applies them as training does.
+  virtual std::vector<std::string> keep_fp32() const { return {}; }
+  /// A name of the mode stored in checkpoints ("mixed_precision:Half",
+  /// "master_weights:BFloat16"), so that a checkpoint of one mode is refused by another.
+  virtual std::string mode_tag() const = 0;
+  /// Tensors beyond the model's parameters and buffers that make two replicas
+  /// train the same (the fp32 masters); data parallelism broadcasts them.
+  virtual std::vector<torch::Tensor> state_tensors() const { return {}; }
+  /// Parameter memory by role when the mode keeps extra copies (master weights), else nullopt.
+  virtual std::optional<ParamMemory> param_memory() const { return std::nullopt; }
+  /// Undoes what attaching did to the Learner before the callback is removed
+  /// (master weights copy the fp32 masters back into an fp32 model).
+  virtual void detach(Learner&) {}
+};
+
+} // namespace mixtrain

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Checks that the tree keeps its layers (ARCHITECTURE.md): every file in a
+layer's folders includes only headers of its own layer or of layers below it,
+no code outside amp switches on amp's concrete precision callbacks, and the
+default loss scale is written once. Prints one line per breach; exits 1 if any.
+
+Usage: check_layers.py [REPO_ROOT]
+"""
+import os
+import re
+import sys
+
+# Layers from the bottom up; a layer may include its own folders and any below.
+LAYERS = [
+    ("util", ["util"]),
+    ("data", ["data"]),
+    ("parallel", ["parallel"]),
+    ("models", ["models"]),
+    ("core", ["core", "callbacks"]),
+    ("amp", ["amp"]),
+    ("diagnose", ["diagnose"]),
+    ("run", ["run"]),
+]
+RANK = {folder: rank for rank, (_, folders) in enumerate(LAYERS) for folder in folders}
+LAYER_OF = {folder: name for name, folders in LAYERS for folder in folders}
+# Root headers that sit below every layer (the one libtorch-version seam) or
+# above them all (the umbrella, the deprecated aliases, forwarding headers).
+ROOT_BELOW_ALL = {"compat.h"}
+
+PUBLIC = re.compile(r'^\s*#\s*include\s*[<"]mixtrain/([^>"]+)[>"]', re.M)
+PRIVATE = re.compile(r'^\s*#\s*include\s*"(util)/[^"]+"', re.M)
+CONCRETE = re.compile(r"(get_cb|dynamic_pointer_cast|dynamic_cast)<\s*(mixtrain::)?amp::(MixedPrecision|MasterWeights)\b")
+
+
+def layer_rank(path):
+    """The rank of the layer a header path (relative to include/mixtrain) or source belongs to."""
+    parts = path.split("/")
+    if len(parts) == 1:
+        return -1 if parts[0] in ROOT_BELOW_ALL else None
+    return RANK.get(parts[0])
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    breaches = []
+    for base in ("include/mixtrain", "src"):
+        top = os.path.join(root, base)
+        for dirpath, _, files in os.walk(top):
+            rel_dir = os.path.relpath(dirpath, top)
+            if rel_dir == ".":
+                continue  # root files: entry points and forwarding headers
+            folder = rel_dir.split(os.sep)[0]
+            if folder not in RANK:
+                breaches.append(f"{base}/{rel_dir}: a folder that is in no layer (add it to scripts/check_layers.py and ARCHITECTURE.md)")
+                continue
+            for name in files:
+                if not name.endswith((".h", ".cpp")):
+                    continue
+                rel = f"{base}/{rel_dir}/{name}"
+                text = open(os.path.join(dirpath, name), encoding="utf-8").read()
+                if "this forwarding header goes in" in text:
+                    continue  # an old path kept for a minor version (CHANGELOG.md)
+                includes = PUBLIC.findall(text) + [m + "/" for m in PRIVATE.findall(text)]
+                for inc in includes:
+                    r = layer_rank(inc)
+                    if r is None:
+                        breaches.append(f"{rel}: includes mixtrain/{inc}, a root header that no layer may use (include what it forwards to)")
+                    elif r > RANK[folder] or (r == RANK[folder] and LAYER_OF[inc.split('/')[0]] != LAYER_OF[folder]):
+                        breaches.append(f"{rel}: {LAYER_OF[folder]} includes mixtrain/{inc} from layer {LAYER_OF[inc.split('/')[0]]}")
+                if folder != "amp" and CONCRETE.search(text):
+                    breaches.append(f"{rel}: switches on a concrete amp callback; ask PrecisionCallback instead")
+    scale = []
+    for base in ("include", "src", "tools", "python"):
+        for dirpath, _, files in os.walk(os.path.join(root, base)):
+            for name in files:
+                if name.endswith((".h", ".cpp", ".py")):
+                    path = os.path.join(dirpath, name)
+                    for i, line in enumerate(open(path, encoding="utf-8"), 1):
+                        if "65536" in line:
+                            scale.append(f"{os.path.relpath(path, root)}:{i}")
+    if len(scale) != 1:
+        breaches.append(f"65536 is written {len(scale)} times ({', '.join(scale)}); name it once (amp::kDefaultInitScale)")
+    for b in breaches:
+        print(b)
+    print(f"check_layers: {len(breaches)} breach(es)")
+    return 1 if breaches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+// Tensor files as data: the dict a Python user writes with torch.save.
+#include "mixtrain/data/data.h"
+
+#include "util/first_line.h"
+#include "util/read_file.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace mixtrain::data {
+
+namespace {
+
+/// What a Python user would call the value's type.
+std::string kind_of(const c10::IValue& v) {
+  if (v.isList()) return "list";
+  if (v.isTuple()) return "tuple";
+  if (v.isGenericDict()) return "dict";
+  if (v.isInt()) return "int";
+  if (v.isDouble()) return "float";
+  if (v.isBool()) return "bool";
+  if (v.isString()) return "str";
+  if (v.isNone()) return "None";
+  return v.tagKind();
+}
+
+/// The tensor behind `key` as the models read it: detached, contiguous, float64 as float32.
+torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::string& path) {
+  TORCH_CHECK(v.isTensor(), path, ": '", what, "' is a ", kind_of(v), ", not a tensor");
+  torch::Tensor t = v.toTensor().detach();
+  TORCH_CHECK(t.dim() > 0, path, ": '", what, "' is a 0-dim tensor; it needs one row per sample");
+  if (t.scalar_type() == at::kDouble) t = t.to(at::kFloat);
+  if (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) {
+    // As a mixed-precision pipeline often saves it: the models read fp32, and the
+    // precision mode decides what computes in half.
+    std::cerr << "mixtrain: notice: " << path << ": '" << what << "' is stored in " << t.scalar_type()
+              << "; it is read as fp32" << std::endl;
+    t = t.to(at::kFloat);
+  }
+  return t.contiguous();
+}
+
+/// x: one tensor, or a list/tuple of tensors (the model's inputs in order).
+std::vector<c10::IValue> inputs_of(const c10::IValue& v, const std::string& key, const std::string& path) {
+  if (v.isTensor()) return {v};
+  if (v.isList() || v.isTuple()) return v.isList() ? v.toListRef().vec() : v.toTupleRef().elements().vec();
+  TORCH_CHECK(false, path, ": '", key, "' is a ", kind_of(v), ", not a tensor or a list of tensors");
+}
+
+/// x's inputs and y as one Dataset, checked to hold as many samples each.
+Dataset dataset_of(const std::vector<c10::IValue>& x, const c10::IValue& y, const std::string& xkey,
+                   const std::string& ykey, const std::string& path) {
+  TORCH_CHECK(!x.empty(), path, ": '", xkey, "' is an empty list; it needs one tensor per model input");
+  std::vector<torch::Tensor> in;
+  for (size_t i = 0; i < x.size(); ++i)
+    in.push_back(as_data(x[i], x.size() > 1 ? xkey + "[" + std::to_string(i) + "]" : xkey, path));
+  Dataset d{in[0], as_data(y, ykey, path), {in.begin() + 1, in.end()}};
+  for (size_t i = 0; i < in.size(); ++i)
+    TORCH_CHECK(in[i].size(0) == d.y.size(0), path, ": ", xkey, in.size() > 1 ? "[" + std::to_string(i) + "]" : "",
+                " has ", in[i].size(0), " samples but ", ykey, " has ", d.y.size(0));
+  return d;
+}
+
+Dataset take(const Dataset& d, const torch::Tensor& idx) {
+  Dataset out{d.x.index_select(0, idx), d.y.index_select(0, idx)};
+  for (const auto& e : d.extra_x) out.extra_x.push_back(e.index_select(0, idx));
+  return out;
+}
+
+/// The train and valid sets: valid_x given, or a seeded kTensorFileValidFraction of x.
+DatasetSplit split_of(const std::vector<c10::IValue>& x, const c10::IValue& y, const std::vector<c10::IValue>& valid_x,
+                      const c10::IValue& valid_y, uint64_t seed, const std::string& path) {
+  DatasetSplit split;
+  const Dataset all = dataset_of(x, y, "x", "y", path);
+  if (!valid_x.empty()) {
+    split.train = all;
+    split.valid = dataset_of(valid_x, valid_y, "valid_x", "valid_y", path);
+    TORCH_CHECK(split.valid.extra_x.size() == all.extra_x.size(), path, ": 'x' holds ", all.extra_x.size() + 1,
+                " inputs but 'valid_x' holds ", split.valid.extra_x.size() + 1);
+  } else {
+    const int64_t n = all.size();
+    const auto n_valid = static_cast<int64_t>(static_cast<double>(n) * kTensorFileValidFraction);
+    TORCH_CHECK(n_valid > 0 && n_valid < n, path, " has ", n, " samples: too few to keep ",
+                kTensorFileValidFraction * 100, "% for validation (add 'valid_x' and 'valid_y')");
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    const torch::Tensor order = at::randperm(n, gen, at::kLong);
+    split.train = take(all, order.slice(0, n_valid));
+    split.valid = take(all, order.slice(0, 0, n_valid));
+  }
+  return split;
+}
+
+} // namespace
+
+DatasetSplit load_tensor_file(const std::string& path, uint64_t seed) {
+  const std::string bytes = detail::read_whole_file(path, "data file ");
+  c10::IValue loaded;
+  try {
+    loaded = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::Error& e) {
+    // libtorch's unpickler lacks some opcodes Python writes (a dict with one key uses SETITEM).
+    const std::string why = detail::first_line(e.what());
+    TORCH_CHECK(why.find("Unknown opcode") == std::string::npos, path,
+                " cannot be read (", why, "); it needs a dict with 'x' and 'y' written by torch.save");
+    TORCH_CHECK(false, path, " is not a file written by torch.save (", why, ")");
+  }
+  TORCH_CHECK(loaded.isGenericDict(), path, " holds a ", kind_of(loaded),
+              ", not a dict with keys 'x', 'y' (and optionally 'valid_x', 'valid_y')");
+  const auto dict = loaded.toGenericDict();
+  for (const auto& kv : dict)
+    TORCH_CHECK(kv.key().isString(), path, ": the dict's keys must be strings ('x', 'y', 'valid_x', 'valid_y')");
+  for (const char* key : {"x", "y"})
+    TORCH_CHECK(dict.contains(key), path, " has no '", key, "' (it needs 'x' and 'y'; 'valid_x', 'valid_y' optional)");
+  TORCH_CHECK(dict.contains("valid_x") == dict.contains("valid_y"), path, " has ",
+              dict.contains("valid_x") ? "'valid_x' without 'valid_y'" : "'valid_y' without 'valid_x'");
+
+  std::vector<c10::IValue> valid_x;
+  if (dict.contains("valid_x")) {
+    valid_x = inputs_of(dict.at("valid_x"), "valid_x", path);
+    TORCH_CHECK(!valid_x.empty(), path, ": 'valid_x' is an empty list; it needs one tensor per model input");
+  }
+  return split_of(inputs_of(dict.at("x"), "x", path), dict.at("y"), valid_x,
+                  dict.contains("valid_y") ? dict.at("valid_y") : c10::IValue(), seed, path);
+}
+
+DatasetSplit tensor_split(const std::vector<torch::Tensor>& x, const torch::Tensor& y,
+                          const std::vector<torch::Tensor>& valid_x, const torch::Tensor& valid_y, uint64_t seed,
+                          const std::string& source) {
+  const auto values = [](const std::vector<torch::Tensor>& ts) { return std::vector<c10::IValue>(ts.begin(), ts.end()); };
+  TORCH_CHECK(!x.empty(), source, ": x holds no tensor; it needs one tensor per model input");
+  TORCH_CHECK(y.defined(), source, ": y is missing");
+  TORCH_CHECK(valid_x.empty() == !valid_y.defined(), source, ": ", valid_x.empty() ? "valid y without valid x" : "valid x without valid y");
+  return split_of(values(x), y, values(valid_x), valid_y.defined() ? c10::IValue(valid_y) : c10::IValue(), seed, source);
+}
+
+} // namespace mixtrain::data

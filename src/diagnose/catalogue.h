@@ -1,0 +1,61 @@
+#pragma once
+// The catalogue of verdicts: one entry per verdict, holding its name, its rules
+// (the evidence that decides it, the findings and fixes it states) and the trials
+// that prove its fixes (each a Phrase and the option settings that make the run).
+// decide() walks the entries in order; compare() asks the verdict's entry what to
+// try. A new verdict is a Verdict value and one entry here (ARCHITECTURE.md).
+
+#include "mixtrain/diagnose/compare.h"
+#include "mixtrain/diagnose/diagnosis.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixtrain::diagnose::detail {
+
+/// What a rule reads: the evidence, and what the rules before it found.
+struct RuleInput {
+  const Evidence& e;
+  const RunEvidence* base = nullptr;   ///< the fp32 run, if any
+  const RunEvidence* mixed = nullptr;  ///< the mixed run, if any
+  std::string mixed_name;              ///< "fp16", "bf16" (or "mixed precision")
+  std::optional<double> gap;           ///< Evidence::gap_percent()
+  /// Set by the baseline rule when fp32 is weak but not the cause; the verdict
+  /// that follows states it.
+  std::string weak_baseline;
+};
+
+/// What a rule says when it holds.
+struct Ruling {
+  std::string headline;
+  std::vector<Phrase> findings;  ///< the deciding evidence, most telling first
+  std::vector<Phrase> fixes;     ///< most targeted first
+  bool gap_said = false;         ///< the findings already state the loss gap
+};
+
+using Rule = std::optional<Ruling> (*)(RuleInput&);
+using TrialsFor = std::vector<Fix> (*)(const Diagnosis&, const CompareOptions&);
+
+struct VerdictEntry {
+  Verdict verdict;
+  const char* name;          ///< diagnosis.json's and the report's word
+  std::vector<Rule> rules;   ///< tried in order; the first that holds decides
+  TrialsFor trials;          ///< the fixes worth a trial run (nullptr: none can be tried)
+};
+
+/// Every verdict, in the order their rules are tried: unsupported,
+/// broken_in_fp32, forward_overflow, gradient_overflow, underflow, healthy (whose
+/// rule always holds).
+const std::vector<VerdictEntry>& catalogue();
+/// The entry of `verdict`.
+const VerdictEntry& entry(Verdict verdict);
+
+/// The loss both runs are compared on: validation when both have one, else train.
+std::pair<double, double> compared_losses(const RunEvidence& a, const RunEvidence& b);
+/// "12 of 40 steps skipped (30%; per epoch: ...); loss scale 1.6e+07 -> 256 (...)".
+std::string scale_sentence(const ScaleAnalysis& s);
+/// A fraction as a percentage, 3 significant digits.
+std::string pct(double fraction);
+
+} // namespace mixtrain::diagnose::detail

@@ -1,0 +1,111 @@
+#include "mixtrain/models/zoo.h"
+
+#include "mixtrain/compat.h"
+#include "mixtrain/models/module_scope.h"
+#include "mixtrain/models/scripted_model.h"
+
+#include <torch/nn.h>
+
+namespace mixtrain::models {
+
+namespace nn = torch::nn;
+
+torch::nn::Sequential simple_cnn() {
+  return nn::Sequential(
+      nn::Conv2d(nn::Conv2dOptions(1, 16, 3).stride(2).padding(1).bias(false)), nn::BatchNorm2d(16), nn::ReLU(),
+      nn::Conv2d(nn::Conv2dOptions(16, 32, 3).stride(2).padding(1).bias(false)), nn::BatchNorm2d(32), nn::ReLU(),
+      nn::Flatten(), nn::Linear(32 * 7 * 7, 10));
+}
+
+torch::nn::Sequential mlp() {
+  return nn::Sequential(nn::Flatten(), nn::Linear(28 * 28, 256), nn::ReLU(), nn::Linear(256, 10));
+}
+
+ResBlockImpl::ResBlockImpl(int64_t in, int64_t out, int64_t stride) {
+  const auto conv = [](int64_t i, int64_t o, int64_t k, int64_t s) {
+    return nn::Conv2d(nn::Conv2dOptions(i, o, k).stride(s).padding(k / 2).bias(false));
+  };
+  conv1 = register_module("conv1", conv(in, out, 3, stride));
+  bn1 = register_module("bn1", nn::BatchNorm2d(out));
+  conv2 = register_module("conv2", conv(out, out, 3, 1));
+  bn2 = register_module("bn2", nn::BatchNorm2d(out));
+  if (stride != 1 || in != out) {
+    shortcut_conv = register_module("shortcut_conv", conv(in, out, 1, stride));
+    shortcut_bn = register_module("shortcut_bn", nn::BatchNorm2d(out));
+  }
+}
+
+torch::Tensor ResBlockImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor h = bn2(conv2(torch::relu(bn1(conv1(x)))));
+  return torch::relu(h + (shortcut_conv ? shortcut_bn(shortcut_conv(x)) : x));
+}
+
+torch::nn::Sequential resnet() {
+  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)), nn::BatchNorm2d(16),
+                        nn::ReLU(), ResBlock(16, 16, 1), ResBlock(16, 32, 2), ResBlock(32, 64, 2),
+                        nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(64, 10));
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t d_model, int64_t heads) : heads_(heads) {
+  TORCH_CHECK(heads > 0 && d_model % heads == 0, "d_model ", d_model, " is not divisible by heads ", heads);
+  qkv = register_module("qkv", nn::Linear(d_model, 3 * d_model));
+  proj = register_module("proj", nn::Linear(d_model, d_model));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  // [B, T, 3C] -> three [B, H, T, C/H]
+  const auto parts = qkv(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+  const torch::Tensor y = compat::causal_attention(parts[0], parts[1], parts[2]);
+  return proj(y.transpose(1, 2).reshape({b, t, c}));
+}
+
+TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t heads) {
+  ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d_model})));
+  attn = register_module("attn", CausalSelfAttention(d_model, heads));
+  ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d_model})));
+  fc1 = register_module("fc1", nn::Linear(d_model, 4 * d_model));
+  fc2 = register_module("fc2", nn::Linear(4 * d_model, d_model));
+}
+
+torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
+  // Scopes name the module boundaries that parameter-free ops run in (the attention scores).
+  torch::Tensor a;
+  {
+    const ModuleScope scope("attn");
+    a = attn(ln1(x));
+  }
+  const torch::Tensor h = x + a;
+  return h + fc2(torch::gelu(fc1(ln2(h))));
+}
+
+TransformerLMImpl::TransformerLMImpl(TransformerOptions o) : options_(o) {
+  tok = register_module("tok", nn::Embedding(o.vocab(), o.d_model()));
+  pos = register_module("pos", nn::Embedding(o.context(), o.d_model()));
+  blocks = register_module("blocks", nn::ModuleList());
+  for (int64_t i = 0; i < o.layers(); ++i) blocks->push_back(TransformerBlock(o.d_model(), o.heads()));
+  ln_f = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({o.d_model()})));
+  head = register_module("head", nn::Linear(o.d_model(), o.vocab()));
+  // GPT-2's initialization: small normal weights keep the residual stream's scale stable.
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters())
+    if (p.key().find("ln") == std::string::npos) {
+      if (p.value().dim() >= 2) p.value().normal_(0, 0.02);
+      else p.value().zero_();
+    }
+}
+
+torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2 && !tokens.is_floating_point(), "The transformer takes integer tokens [N, T], got ",
+              tokens.scalar_type(), " ", tokens.sizes());
+  const int64_t t = tokens.size(1);
+  TORCH_CHECK(t <= options_.context(), "The transformer's context is ", options_.context(), " tokens, got ", t);
+  torch::Tensor x = tok(tokens) + pos(torch::arange(t, tokens.options().dtype(torch::kLong)));
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    const ModuleScope scope("blocks." + std::to_string(i));
+    x = blocks[i]->as<TransformerBlock>()->forward(x);
+  }
+  return head(ln_f(x));
+}
+
+} // namespace mixtrain::models

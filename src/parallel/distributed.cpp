@@ -1,0 +1,133 @@
+// c10d process groups. The c10d headers are the part of libtorch most likely to
+// move between versions; they are included here only.
+#include "mixtrain/parallel/distributed.h"
+
+#include "util/first_line.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <string>
+
+namespace mixtrain::distributed {
+
+namespace {
+
+/// The integer in environment variable `name`, or `fallback` when it is unset.
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  TORCH_CHECK(end && *end == '\0' && n >= lo && n <= hi, "invalid environment variable ", name, "='", v,
+              "' (expected an integer from ", lo, " to ", hi, ")");
+  return static_cast<int>(n);
+}
+
+} // namespace
+
+Env env_from_environment() {
+  Env e;
+  e.world_size = env_int("WORLD_SIZE", 1, 1, 1 << 16);
+  e.rank = env_int("RANK", 0, 0, 1 << 16);
+  e.local_rank = env_int("LOCAL_RANK", e.rank, 0, 1 << 16);
+  e.master_port = env_int("MASTER_PORT", 29500, 1, 65535);
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) e.master_addr = addr;
+  TORCH_CHECK(e.rank < e.world_size, "RANK=", e.rank, " is not below WORLD_SIZE=", e.world_size);
+  return e;
+}
+
+/// Gloo in libtorch 1.13 has no bfloat16: such tensors travel as float32 (exact
+/// for a broadcast; a sum is rounded back to bf16 once, at the end).
+template <typename Collective>
+void via_supported_dtype(torch::Tensor& t, Collective&& collective) {
+  if (t.scalar_type() != torch::kBFloat16) {
+    collective(t);
+    return;
+  }
+  torch::Tensor wide = t.to(torch::kFloat);
+  collective(wide);
+  t.copy_(wide);
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  int rank = 0, world = 1;
+
+  void run(c10::intrusive_ptr<c10d::Work> work, const char* what) {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      const std::string lost = world == 2 ? "rank " + std::to_string(1 - rank) : "another rank";
+      TORCH_CHECK(false, "distributed ", what, " failed on rank ", rank, ": lost ", lost,
+                  " (it died, or did not answer within the timeout): ", detail::first_line(e.what()));
+    }
+  }
+
+  void all_reduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp op) {
+    c10d::AllreduceOptions o;
+    o.reduceOp = op;
+    for (auto& t : tensors)
+      via_supported_dtype(t, [&](torch::Tensor& x) {
+        std::vector<torch::Tensor> one{x};
+        run(gloo->allreduce(one, o), "all-reduce");
+      });
+  }
+};
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+std::shared_ptr<ProcessGroup> ProcessGroup::connect(const Env& env, std::chrono::milliseconds timeout) {
+  auto impl = std::make_unique<Impl>();
+  impl->rank = env.rank;
+  impl->world = env.world_size;
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(env.master_port);
+  store_options.isServer = env.rank == 0;
+  store_options.numWorkers = env.world_size;
+  store_options.timeout = timeout;
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // The Gloo device: this host's own address. On one machine that is loopback;
+    // across machines GLOO_SOCKET_IFNAME picks the interface (as in PyTorch), else
+    // the address this host's name resolves to.
+    const std::string& addr = env.master_addr;
+    const bool local = addr == "localhost" || addr.rfind("127.", 0) == 0;
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    options->devices.push_back(local    ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                               : ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                        : c10d::ProcessGroupGloo::createDefaultDevice());
+    options->threads = 2;
+    impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, env.rank, env.world_size, options);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", env.rank, " could not reach the rendezvous at ", env.master_addr, ":", env.master_port,
+                " (rank 0 hosts it) within ", timeout.count() / 1000.0,
+                " s: is rank 0 running, and is MASTER_ADDR its address? (", detail::first_line(e.what()), ")");
+  }
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::world_size() const { return impl_->world; }
+
+void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  for (auto& t : tensors)
+    via_supported_dtype(t, [&](torch::Tensor& x) {
+      std::vector<torch::Tensor> one{x};
+      impl_->run(impl_->gloo->broadcast(one, o), "broadcast");
+    });
+}
+
+void ProcessGroup::all_reduce_sum(std::vector<torch::Tensor>& tensors) { impl_->all_reduce(tensors, c10d::ReduceOp::SUM); }
+void ProcessGroup::all_reduce_max(std::vector<torch::Tensor>& tensors) { impl_->all_reduce(tensors, c10d::ReduceOp::MAX); }
+
+void ProcessGroup::barrier() { impl_->run(impl_->gloo->barrier(), "barrier"); }
+
+} // namespace mixtrain::distributed
