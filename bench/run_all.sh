@@ -11,6 +11,8 @@ echo "== model_bench: TorchScript vs native CNN, transformer step vs PyTorch-Pyt
 bash bench/model_bench.sh "$build" 5
 echo "== master_weights_bench: master copy overhead with and without flat_master"
 "$build/bench/master_weights_bench"
+echo "== pure_bf16_bench: the bf16-pure step against fp32 and bf16, weight-update rules, lost-update counting"
+"$build/bench/pure_bf16_bench"
 echo "== checkpoint_bench: save/load time against size"
 "$build/bench/checkpoint_bench"
 echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce share of a step"

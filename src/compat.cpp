@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/cuda.h>
+#include <torch/optim/optimizer.h>
 #include <torch/version.h>
 
 #include <ATen/ATen.h>
@@ -13,7 +14,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <type_traits>
 
 // libtorch 2.4 replaced the per-device functions (set_enabled, set_cpu_enabled,
 // set_autocast_gpu_dtype, ...) with ones taking a DeviceType.
@@ -114,6 +117,29 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const at::Tensor logits = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   return at::matmul(at::softmax(logits.masked_fill(future, -std::numeric_limits<double>::infinity()), -1), v);
 #endif
+}
+
+namespace {
+/// The key libtorch's optimizer state map uses for a parameter: its TensorImpl as
+/// text (1.13's c10::guts::to_string) or as a pointer. A template, so that only the
+/// branch of this libtorch's key type is compiled.
+template <typename Key>
+Key state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+} // namespace
+
+torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  auto& state = optimizer.state();
+  using Key = typename std::decay_t<decltype(state)>::key_type;
+  const auto it = state.find(state_key<Key>(p));
+  return it == state.end() ? nullptr : it->second.get();
 }
 
 } // namespace mixtrain::compat

@@ -125,7 +125,8 @@ TEST(CliTest, Bf16MasterRunReportsParameterMemory) {
 TEST(CliTest, InterruptAtARandomBatchThenResumeIsBitwiseEqual) {
   const std::string dir = test::fake_fashion_dir("cli_resume", 256, 64);
   std::mt19937 rng(1234);  // a random batch, the same one every run of the test
-  for (const std::string precision : {"fp32", "fp16 --init-scale 16777216", "bf16-master"}) {
+  for (const std::string precision : {"fp32", "fp16 --init-scale 16777216", "bf16-master", "bf16-pure",
+                                      "bf16-pure --weight-update stochastic", "bf16-pure --weight-update kahan"}) {
     SCOPED_TRACE(precision);
     const int64_t stop_at = std::uniform_int_distribution<int64_t>(1, 30)(rng);  // 2 epochs of 16 steps
     const std::string flags = " --data " + dir + " --bs 16 --epochs 2 --threads 1 --save-every 1 --precision " + precision;

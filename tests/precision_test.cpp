@@ -16,10 +16,13 @@ TEST(PrecisionTest, NamesRoundTripAndUnknownNamesListTheChoices) {
   for (Precision p : all_precisions()) EXPECT_EQ(parse_precision(precision_name(p)), p);
   EXPECT_EQ(precision_name(Precision::kBf16Master), "bf16-master");
   EXPECT_THROW_WITH(parse_precision("fp8"),
-                    "unsupported precision 'fp8' (available: fp32, fp16, bf16, fp16-master, bf16-master)");
+                    "unsupported precision 'fp8' (available: fp32, fp16, bf16, fp16-master, bf16-master, bf16-pure)");
   EXPECT_TRUE(precision_scales_loss(Precision::kFp16));
   EXPECT_FALSE(precision_scales_loss(Precision::kBf16));
   EXPECT_TRUE(precision_scales_loss(Precision::kBf16Master));
+  EXPECT_FALSE(precision_scales_loss(Precision::kBf16Pure));
+  EXPECT_EQ(compute_dtype(Precision::kBf16Pure), torch::kBFloat16);
+  EXPECT_FALSE(uses_master_weights(Precision::kBf16Pure));
 }
 
 TEST(PrecisionTest, OptionsAreValidatedForTheModeThatUsesThem) {

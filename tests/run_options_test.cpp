@@ -60,6 +60,8 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
       {"keep_fp32", "conv_proj,encoder.layers.*.mlp",
        [](const RunConfig& r) { return r.precision_options.keep_fp32() == std::vector<std::string>{"conv_proj", "encoder.layers.*.mlp"}; }},
       {"keep", "2", [](const RunConfig& r) { return r.keep == 2; }},
+      {"weight_update", "kahan",
+       [](const RunConfig& r) { return r.precision_options.weight_update() == amp::WeightUpdate::kKahan; }},
       {"max_bad_steps", "3", [](const RunConfig& r) { return r.max_bad_steps == 3; }},
       {"comm_dtype", "fp16", [](const RunConfig& r) { return r.comm_dtype == c10::ScalarType::Half; }},
       {"ranks", "4", [](const RunConfig& r) { return r.ranks == 4; }},

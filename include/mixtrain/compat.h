@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 
 namespace at { class Tensor; }
+namespace torch::optim { class Optimizer; class OptimizerParamState; }
 
 namespace mixtrain::compat {
 
@@ -30,5 +31,8 @@ bool cpu_has_native_bf16();
 /// tensors: torch 2.x's fused scaled_dot_product_attention where libtorch has it,
 /// the explicit matmul / masked_fill / softmax / matmul on 1.13.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+/// The optimizer's state for parameter `p`, or nullptr before its first step.
+/// (libtorch keys the state by the parameter's TensorImpl, as text in 1.13.)
+torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p);
 
 } // namespace mixtrain::compat

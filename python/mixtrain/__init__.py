@@ -164,11 +164,24 @@ def _call(command, model, data, valid, out, options):
             settings[key] = text
     xs, y = _tensors(data, "data")
     valid_xs, valid_y = _tensors(valid, "valid") if valid is not None else ([], None)
+    stored = _stored_dtype(model)
+    if stored == torch.float16:
+        raise ValueError("the model's parameters are fp16, which mixtrain does not train without an fp32 copy (its "
+                         "updates round away and its range overflows); pass model.float() with precision=\"fp16\" "
+                         "(autocast), or model.to(torch.bfloat16) for precision=\"bf16-pure\"")
+    if stored == torch.bfloat16:
+        # The user's pure-bf16 setup: bf16 weights and optimizer state, no fp32 copy.
+        if "precision" not in options or options["precision"] is None:
+            settings["precision"] = "bf16-pure"
+            print("mixtrain: notice: the model's parameters are bf16: %s it as bf16-pure (bf16 weights, gradients and "
+                  "optimizer state, no fp32 copy); pass precision= to choose another mode" %
+                  ("diagnosing" if command == "doctor" else "training"))
+        model.float()  # bf16 values in fp32 storage while mixtrain runs it (exact both ways)
     loss = options.get("loss") or rows["loss"]["default"]
-    script, name, how = _scripted(model, xs, y, loss)
     run = _Run(out)
     threads = torch.get_num_threads()
     try:
+        script, name, how = _scripted(model, xs, y, loss)
         native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder, run.keep)
         return native, script, how, run
     except BaseException:
@@ -176,6 +189,15 @@ def _call(command, model, data, valid, out, options):
         raise
     finally:
         torch.set_num_threads(threads)  # the run sets its own; the caller's process gets its count back
+        if stored == torch.bfloat16:
+            model.to(torch.bfloat16)  # the model is given back as it came: bf16
+
+
+def _stored_dtype(model):
+    """The floating dtype of the model's parameters when they are all half or all
+    bfloat16, else None (fp32, or a mix mixtrain's modes handle themselves)."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} if isinstance(model, torch.nn.Module) else set()
+    return dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)) in (torch.float16, torch.bfloat16) else None
 
 
 def _svg_html(svg):

@@ -6,6 +6,7 @@
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/master_weights.h"
 #include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/pure_bf16.h"
 #include "mixtrain/core/learner.h"
 #include "mixtrain/util/option_error.h"
 
@@ -17,6 +18,10 @@ void validate_precision(Precision precision, const PrecisionOptions& options, co
     auto master = options.master();
     amp::validate(master.dtype(compute_dtype(precision)));
   }
+  if (options.weight_update() != amp::WeightUpdate::kNearest && precision != Precision::kBf16Pure)
+    throw OptionError("weight_update", Phrase::setting("weight_update", amp::weight_update_name(options.weight_update())) +
+                                           " rounds 16-bit weights, which only " + Phrase::setting("precision", "bf16-pure") +
+                                           " stores (" + precision_name(precision) + " keeps fp32 weights)");
   if (precision == Precision::kFp16Master && device.is_cpu())
     throw OptionError("precision", Phrase::name("precision") + " fp16-master needs CUDA (libtorch has no CPU half matmul); use " +
                                        Phrase::setting("precision", "bf16-master") + ", or " +
@@ -41,6 +46,12 @@ Learner& Learner::set_precision(Precision precision, const PrecisionOptions& opt
       auto bf16 = std::make_shared<amp::MixedPrecision>(c10::ScalarType::BFloat16);
       bf16->keep_fp32(options.keep_fp32());
       add_cb(bf16);
+      break;
+    }
+    case Precision::kBf16Pure: {
+      auto pure = std::make_shared<amp::PureBf16>(options.weight_update(), options.rounding_seed());
+      pure->keep_fp32(options.keep_fp32());
+      add_cb(pure);
       break;
     }
     case Precision::kFp16Master:

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -71,6 +72,26 @@ void SummaryWriter::after_fit(Learner& learn) {
     j["param_bytes_model"] = mem->model;
     j["param_bytes_master"] = mem->masters;
     j["param_bytes_grads"] = mem->grads;
+    if (pc->pure_weights()) {
+      // What each parameter costs as the mode lays it out (bf16-pure: 2 + 2 + the optimizer's states).
+      int64_t params = 0;
+      for (const auto& p : learn.model().module().parameters()) params += p.numel();
+      const double n = static_cast<double>(std::max<int64_t>(1, params));
+      j["bytes_per_param"] = {{"weights", mem->model / n},
+                              {"grads", mem->grads / n},
+                              {"optimizer_state", mem->optimizer_state / n},
+                              {"compensation", mem->compensation / n}};
+    }
+  }
+  if (const auto lost = pc ? pc->lost_updates() : std::nullopt) {
+    nlohmann::json worst = nlohmann::json::array();
+    for (const auto& p : lost->worst)
+      worst.push_back({{"name", p.name}, {"numel", p.numel}, {"fraction", p.fraction}, {"never_moved", p.never_moved},
+                       {"mean_abs_weight", json_number(p.mean_abs_weight)}, {"rms_update", json_number(p.rms_update)}});
+    j["lost_updates"] = {{"weight_update", lost->rule},   {"intended", lost->intended},
+                         {"lost", lost->lost},            {"fraction", lost->fraction},
+                         {"norm_ratio", lost->norm_ratio}, {"per_epoch", lost->fraction_per_epoch},
+                         {"worst", worst}};
   }
   for (const auto& kv : options_.text()) j[kv.first] = kv.second;
   for (const auto& kv : options_.integers()) j[kv.first] = kv.second;

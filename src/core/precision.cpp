@@ -18,7 +18,8 @@ constexpr NamedPrecision kNames[] = {{Precision::kFp32, "fp32"},
                                      {Precision::kFp16, "fp16"},
                                      {Precision::kBf16, "bf16"},
                                      {Precision::kFp16Master, "fp16-master"},
-                                     {Precision::kBf16Master, "bf16-master"}};
+                                     {Precision::kBf16Master, "bf16-master"},
+                                     {Precision::kBf16Pure, "bf16-pure"}};
 } // namespace
 
 std::string precision_name(Precision precision) {
@@ -52,16 +53,18 @@ c10::ScalarType compute_dtype(Precision p) {
     case Precision::kFp16:
     case Precision::kFp16Master: return c10::ScalarType::Half;
     case Precision::kBf16:
-    case Precision::kBf16Master: return c10::ScalarType::BFloat16;
+    case Precision::kBf16Master:
+    case Precision::kBf16Pure: return c10::ScalarType::BFloat16;
   }
   TORCH_INTERNAL_ASSERT(false, "unknown Precision ", static_cast<int>(p));
 }
 
 bool uses_master_weights(Precision p) { return p == Precision::kFp16Master || p == Precision::kBf16Master; }
 
-Precision precision_for(c10::ScalarType dtype, bool master_weights) {
+Precision precision_for(c10::ScalarType dtype, bool master_weights, bool pure) {
   if (dtype == c10::ScalarType::Half) return master_weights ? Precision::kFp16Master : Precision::kFp16;
-  if (dtype == c10::ScalarType::BFloat16) return master_weights ? Precision::kBf16Master : Precision::kBf16;
+  if (dtype == c10::ScalarType::BFloat16)
+    return master_weights ? Precision::kBf16Master : pure ? Precision::kBf16Pure : Precision::kBf16;
   return Precision::kFp32;
 }
 
@@ -69,7 +72,7 @@ Precision Learner::precision() const {
   // Read from the attached callback, so a callback added by hand counts too.
   const auto pc = precision_cb();
   // fp32 with a loss scaler (MixedPrecision(kFloat)) is fp32.
-  return pc ? precision_for(pc->dtype(), pc->master_weights()) : Precision::kFp32;
+  return pc ? precision_for(pc->dtype(), pc->master_weights(), pc->pure_weights()) : Precision::kFp32;
 }
 
 std::shared_ptr<PrecisionCallback> Learner::precision_cb() const { return get_cb<PrecisionCallback>(); }

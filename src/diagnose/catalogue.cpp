@@ -4,6 +4,7 @@
 #include "diagnose/catalogue.h"
 
 #include "mixtrain/amp/loss_scale_rule.h"
+#include "mixtrain/diagnose/fit_warning.h"
 #include "util/short_number.h"
 
 #include <algorithm>
@@ -253,6 +254,89 @@ std::vector<Fix> gradient_overflow_trials(const Diagnosis& d, const CompareOptio
   return out;
 }
 
+// ---- lost_updates: 16-bit weights round their updates away ---------------------
+
+/// The modules of the parameters that lost (almost) every update, worst first.
+std::vector<std::string> modules_that_lost(const LostUpdateReport& lost) {
+  std::vector<std::string> modules;
+  for (const auto& p : lost.worst) {
+    if (p.fraction < 0.9 || modules.size() >= 3) break;
+    const size_t dot = p.name.rfind('.');
+    const std::string module = dot == std::string::npos ? std::string() : p.name.substr(0, dot);
+    if (!module.empty() && std::find(modules.begin(), modules.end(), module) == modules.end()) modules.push_back(module);
+  }
+  return modules;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
+  return out;
+}
+
+// The share of updates rounded away is large, and the run made clearly less
+// progress from its starting loss than fp32 did (a fine-tune at a tiny lr moves
+// the loss little: the final losses alone would hide it).
+std::optional<Ruling> updates_round_away(RuleInput& in) {
+  if (!in.base || !in.mixed || !in.mixed->lost) return std::nullopt;
+  const LostUpdateReport& lost = *in.mixed->lost;
+  if (lost.intended == 0 || lost.fraction < kLostUpdatesProblem) return std::nullopt;
+  const double base_progress = in.base->first_loss - in.base->final_loss;
+  const double mixed_progress = in.mixed->first_loss - in.mixed->final_loss;
+  const bool gap_problem = in.gap && *in.gap > kGapPercentProblem;
+  const bool less_progress = std::isfinite(base_progress) && std::isfinite(mixed_progress) && base_progress > 0 &&
+                             mixed_progress < (1 - kGapPercentProblem / 100) * base_progress;
+  if (!gap_problem && !less_progress) return std::nullopt;
+  Ruling r;
+  if (base_progress > 0)
+    r.findings.push_back(in.mixed_name + " made " + short_number(100 * mixed_progress / base_progress, 3) +
+                         "% of fp32's progress from the starting loss (" + short_number(in.mixed->first_loss) + " -> " +
+                         short_number(in.mixed->final_loss) + "; fp32 " + short_number(in.base->first_loss) + " -> " +
+                         short_number(in.base->final_loss) + ")");
+  r.findings.push_back(pct(lost.fraction) + " of the weights' element updates rounded to no change (" + lost.rule +
+                       " rounding); what rounding dropped is " + pct(lost.norm_ratio) + " of the intended update's norm");
+  if (lost.fraction_per_epoch.size() > 1) {
+    std::string epochs;
+    for (size_t i = 0; i < lost.fraction_per_epoch.size(); ++i) epochs += (i ? ", " : "") + pct(lost.fraction_per_epoch[i]);
+    r.findings.push_back("lost per epoch: " + epochs + " (the schedule's low-lr end loses most)");
+  }
+  for (size_t i = 0; i < lost.worst.size() && i < 3; ++i) {
+    const auto& p = lost.worst[i];
+    r.findings.push_back(p.name + " (" + std::to_string(p.numel) + " elements): " + pct(p.fraction) + " lost" +
+                         (p.never_moved ? ", never moved" : "") + "; typical |w| " + short_number(p.mean_abs_weight) +
+                         " against a typical update " + short_number(p.rms_update) +
+                         " (bf16 keeps an update above about |w| / 256)");
+  }
+  r.fixes.push_back("round the update stochastically (" + Phrase::setting("weight_update", "stochastic") +
+                    "): unbiased, no extra memory");
+  r.fixes.push_back("carry what rounding drops to the next step (" + Phrase::setting("weight_update", "kahan") +
+                    "): 2 more bytes per parameter");
+  const std::vector<std::string> modules = modules_that_lost(lost);
+  if (!modules.empty())
+    r.fixes.push_back("keep " + joined(modules) + " in fp32 (" + Phrase::setting("keep_fp32", joined(modules)) +
+                      "): their weights and state stay fp32");
+  r.fixes.push_back("keep fp32 weights: " + Phrase::setting("precision", "bf16-master") + " (fp32 masters) or " +
+                    Phrase::setting("precision", "bf16") + " (autocast), about twice the memory");
+  r.headline = "lost_updates: " + in.mixed_name + " learns less than fp32: " + pct(lost.fraction) +
+               " of its weight updates round to nothing";
+  return r;
+}
+
+// The cures, cheapest first: stochastic rounding, Kahan, islands for the modules
+// that lost most, fp32 weights (masters, then autocast). The proven fix is the
+// cheapest that trains like fp32.
+std::vector<Fix> lost_updates_trials(const Diagnosis& d, const CompareOptions&) {
+  std::vector<Fix> out{{"round the update stochastically", {{"weight_update", "stochastic"}}},
+                       {"Kahan-compensated updates", {{"weight_update", "kahan"}}}};
+  if (d.evidence.mixed && d.evidence.mixed->lost) {
+    const std::vector<std::string> modules = modules_that_lost(*d.evidence.mixed->lost);
+    if (!modules.empty()) out.push_back({"keep " + joined(modules) + " in fp32", {{"keep_fp32", joined(modules)}}});
+  }
+  out.push_back({"fp32 master weights", {{"precision", "bf16-master"}, {"weight_update", "nearest"}}});
+  out.push_back({"bf16 autocast with fp32 weights", {{"precision", "bf16"}, {"weight_update", "nearest"}}});
+  return out;
+}
+
 // ---- underflow: it runs, but learns less than fp32 ------------------------------
 
 std::optional<Ruling> learns_less(RuleInput& in) {
@@ -336,6 +420,7 @@ const std::vector<VerdictEntry>& catalogue() {
       {Verdict::kForwardOverflow, "forward_overflow", {activation_overflows}, forward_overflow_trials},
       {Verdict::kGradientOverflow, "gradient_overflow", {backoff_never_settled, gradients_keep_overflowing},
        gradient_overflow_trials},
+      {Verdict::kLostUpdates, "lost_updates", {updates_round_away}, lost_updates_trials},
       {Verdict::kUnderflow, "underflow", {learns_less}, underflow_trials},
       {Verdict::kHealthy, "healthy", {trains_like_fp32}, nullptr},
   };

@@ -45,8 +45,8 @@ struct VerdictEntry {
 };
 
 /// Every verdict, in the order their rules are tried: unsupported,
-/// broken_in_fp32, forward_overflow, gradient_overflow, underflow, healthy (whose
-/// rule always holds).
+/// broken_in_fp32, forward_overflow, gradient_overflow, lost_updates, underflow,
+/// healthy (whose rule always holds).
 const std::vector<VerdictEntry>& catalogue();
 /// The entry of `verdict`.
 const VerdictEntry& entry(Verdict verdict);

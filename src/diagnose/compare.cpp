@@ -5,6 +5,7 @@
 #include "util/comma_list.h"
 
 #include "mixtrain/amp/mixed_precision.h"
+#include "mixtrain/amp/weight_update.h"
 #include "mixtrain/core/precision_callback.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/stop_on_request.h"
@@ -24,6 +25,28 @@
 #include <numeric>
 
 namespace mixtrain::diagnose {
+
+double bytes_per_param(Learner& learn) {
+  int64_t params = 0, weights = 0, grads = 0, state = 0;
+  for (const auto& p : learn.model().module().parameters()) {
+    params += p.numel();
+    weights += p.numel() * static_cast<int64_t>(p.element_size());
+    grads += p.numel() * static_cast<int64_t>(p.element_size());  // every trained weight gets one
+  }
+  if (params == 0) return 0;
+  if (learn.has_opt())
+    for (auto& kv : learn.opt().state())
+      if (const auto tensors = amp::optimizer_state_tensors(*kv.second))
+        for (const torch::Tensor* t : *tensors)
+          if (t->defined()) state += t->numel() * static_cast<int64_t>(t->element_size());
+  const auto pc = learn.precision_cb();
+  if (const auto m = pc ? pc->param_memory() : std::nullopt) {
+    // The mode's own layout; master weights keep their optimizer state in fp32 beside them.
+    const int64_t s = m->optimizer_state > 0 ? m->optimizer_state : state;
+    return static_cast<double>(m->model + m->masters + m->grads + s + m->compensation) / static_cast<double>(params);
+  }
+  return static_cast<double>(weights + grads + state) / static_cast<double>(params);
+}
 
 RunEvidence summarize_run(Learner& learn, const std::string& precision) {
   RunEvidence r;
@@ -49,7 +72,11 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
   if (y.defined() && y.dim() == 1 && !y.is_floating_point() && y.numel() > 0)
     r.chance_accuracy = 1.0 / static_cast<double>(y.max().item<int64_t>() + 1);
   r.scale = analyze_scale_history(steps);
-  if (auto pc = learn.precision_cb()) r.emulated = pc->emulated();
+  if (auto pc = learn.precision_cb()) {
+    r.emulated = pc->emulated();
+    r.lost = pc->lost_updates();
+  }
+  r.bytes_per_param = bytes_per_param(learn);
   return r;
 }
 
@@ -143,21 +170,28 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
       }
     }
   }
-  // The best proven fix: the smallest gap to fp32 among the healthy trials.
+  // The proven fix: the cheapest healthy trial in bytes per parameter, then the
+  // smallest gap to fp32 (the autocast modes all cost the same).
+  auto cost = [](const Trial& t) { return std::isfinite(t.run.bytes_per_param) ? t.run.bytes_per_param : 1e300; };
+  auto gap = [](const Trial& t) { return t.gap_percent ? std::abs(*t.gap_percent) : 0.0; };
   for (size_t i = 0; i < d.trials.size(); ++i) {
     const Trial& t = d.trials[i];
     if (!t.proven()) continue;
-    const double gap = t.gap_percent ? std::abs(*t.gap_percent) : 0;
-    if (!d.proven_fix || gap < (d.trials[*d.proven_fix].gap_percent ? std::abs(*d.trials[*d.proven_fix].gap_percent) : 0))
+    if (!d.proven_fix) {
       d.proven_fix = i;
+      continue;
+    }
+    const Trial& best = d.trials[*d.proven_fix];
+    if (cost(t) < cost(best) - 1e-9 || (std::abs(cost(t) - cost(best)) <= 1e-9 && gap(t) < gap(best))) d.proven_fix = i;
   }
 }
 
 } // namespace
 
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
-  TORCH_CHECK(o.precision() == Precision::kFp16 || o.precision() == Precision::kBf16,
-              "diagnose::compare: precision must be fp16 or bf16, got ", precision_name(o.precision()));
+  TORCH_CHECK(o.precision() == Precision::kFp16 || o.precision() == Precision::kBf16 ||
+                  o.precision() == Precision::kBf16Pure,
+              "diagnose::compare: precision must be fp16, bf16 or bf16-pure, got ", precision_name(o.precision()));
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;
   const bool fp16 = o.precision() == Precision::kFp16;
@@ -207,7 +241,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   // bf16 has fp32's exponent range: there is no fp16 overflow to trace.
   if (fp16) ev.trace_start = trace_overflow(*mixed, probe);
   fit(*mixed, o);
-  ev.mixed = summarize_run(*mixed, fp16 ? "fp16" : "bf16");
+  ev.mixed = summarize_run(*mixed, precision_name(o.precision()));
   if (fp16) {
     ev.trace_end = trace_overflow(*mixed, probe);
     auto pc = mixed->precision_cb();

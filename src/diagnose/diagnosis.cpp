@@ -70,7 +70,7 @@ std::optional<double> Evidence::gap_percent() const {
 }
 
 Diagnosis decide(Evidence e) {
-  detail::RuleInput in{e};
+  detail::RuleInput in{e, nullptr, nullptr, {}, std::nullopt, {}};
   in.base = e.fp32 ? &*e.fp32 : nullptr;
   in.mixed = e.mixed ? &*e.mixed : nullptr;
   in.mixed_name = in.mixed ? in.mixed->precision : "mixed precision";
@@ -118,7 +118,11 @@ nlohmann::json run_json(const RunEvidence& r) {
                    {"final_loss", json_number(r.final_loss)},
                    {"valid_loss", json_number(r.valid_loss)},
                    {"nonfinite_losses", s.nonfinite_losses},
-                   {"first_nonfinite_step", s.first_nonfinite_step}};
+                   {"first_nonfinite_step", s.first_nonfinite_step},
+                   {"bytes_per_param", json_number(r.bytes_per_param)}};
+  if (r.lost)
+    j["lost_updates"] = {{"weight_update", r.lost->rule}, {"fraction", r.lost->fraction},
+                         {"norm_ratio", r.lost->norm_ratio}, {"per_epoch", r.lost->fraction_per_epoch}};
   for (size_t i = 0; i < r.metric_names.size() && i < r.metrics.size(); ++i) j[r.metric_names[i]] = json_number(r.metrics[i]);
   if (s.has_scale)
     j["scale_history"] = {{"skipped_steps", s.skipped},
@@ -181,6 +185,7 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
                           {"skipped", t.skipped},
                           {"gap_percent", t.gap_percent ? nlohmann::json(*t.gap_percent) : nlohmann::json(nullptr)},
                           {"seconds", t.seconds},
+                          {"bytes_per_param", json_number(t.run.bytes_per_param)},
                           {"verdict", to_string(t.verdict)},
                           {"error", t.error.empty() ? nlohmann::json(nullptr) : nlohmann::json(t.error)},
                           {"proven", t.proven()}};
@@ -212,12 +217,14 @@ std::string Diagnosis::report(const OptionWords& words) const {
   if (!trials.empty()) {
     out << "trials (each the mixed run again with one fix, same weights, seed and data order):\n";
     char line[512];
-    std::snprintf(line, sizeof(line), "  %-44s %-8s %-8s %-9s %s\n", "fix", "finite", "skipped", "gap", "seconds");
+    std::snprintf(line, sizeof(line), "  %-44s %-8s %-8s %-9s %-12s %s\n", "fix", "finite", "skipped", "gap", "bytes/param",
+                  "seconds");
     out << line;
     for (const auto& t : trials) {
       const std::string gap = t.gap_percent ? short_number(*t.gap_percent, 3) + "%" : "-";
-      std::snprintf(line, sizeof(line), "  %-44s %-8s %-8lld %-9s %.1f  %s\n", t.settings_in(words).c_str(),
-                    t.finite ? "yes" : "no", static_cast<long long>(t.skipped), gap.c_str(), t.seconds,
+      const std::string bytes = std::isfinite(t.run.bytes_per_param) ? short_number(t.run.bytes_per_param, 3) : "-";
+      std::snprintf(line, sizeof(line), "  %-44s %-8s %-8lld %-9s %-12s %.1f  %s\n", t.settings_in(words).c_str(),
+                    t.finite ? "yes" : "no", static_cast<long long>(t.skipped), gap.c_str(), bytes.c_str(), t.seconds,
                     t.proven() ? "proven" : !t.error.empty() ? ("failed: " + t.error).c_str() : to_string(t.verdict));
       out << line;
     }

@@ -258,10 +258,11 @@ std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d) {
 diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags& stop) {
   validate(a, Command::kDoctor);
   const RunConfig& r = a.config;
-  if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16)
-    throw OptionError("precision", "doctor compares fp32 with fp16 or bf16 autocast; pass " +
-                                       Phrase::setting("precision", "fp16") + " (default) or " +
-                                       Phrase::setting("precision", "bf16") + ", not " + precision_name(r.precision));
+  if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16 && r.precision != Precision::kBf16Pure)
+    throw OptionError("precision", "doctor compares fp32 with fp16 or bf16 autocast, or bf16-pure weights; pass " +
+                                       Phrase::setting("precision", "fp16") + " (default), " +
+                                       Phrase::setting("precision", "bf16") + " or " +
+                                       Phrase::setting("precision", "bf16-pure") + ", not " + precision_name(r.precision));
   if (!r.lr.one_for_all())
     throw OptionError("lr", "mixtrain doctor takes one " + Phrase::name("lr") + ", got " + r.lr.str() +
                                 " (it trains the model as one parameter group)");
@@ -275,9 +276,12 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
 
   int built = 0;
   diagnose::LearnerFactory factory = [&]() {
-    std::cout << (built++ == 0 ? "doctor: 1/2 fp32 baseline"
+    // The two runs say what they are; a trial's own line ("doctor: trial 1: ...") says what it runs.
+    if (built < 2)
+      std::cout << (built == 0 ? "doctor: 1/2 fp32 baseline"
                                : "doctor: 2/2 " + precision_name(r.precision) + " run, same seed, weights and data order")
-              << std::endl;
+                << std::endl;
+    ++built;
     auto learn = build_learner(a, split, /*progress=*/true);
     if (stop.requested) learn->add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
     return learn;
@@ -289,7 +293,7 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
                                                 .epochs(r.epochs)
                                                 .lr(r.lr.last())
                                                 .precision(r.precision)
-                                                .precision_options(r.precision_options)
+                                                .precision_options(PrecisionOptions(r.precision_options).rounding_seed(r.seed))
                                                 .max_trials(a.no_trials ? 0 : a.max_trials)
                                                 .apply_setting(apply_setting)
                                                 .seed(r.seed));

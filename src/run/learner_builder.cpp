@@ -147,8 +147,10 @@ std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSpli
 }
 
 void set_precision(Learner& learn, const RunConfig& config) {
-  learn.set_precision(config.precision, config.precision_options);
-  if (config.precision == Precision::kFp16) learn.add_cb(std::make_shared<diagnose::FitWarning>());
+  // Stochastic rounding draws from the run's seed: the same seed gives the same run on every rank.
+  learn.set_precision(config.precision, PrecisionOptions(config.precision_options).rounding_seed(config.seed));
+  if (config.precision == Precision::kFp16 || config.precision == Precision::kBf16Pure)
+    learn.add_cb(std::make_shared<diagnose::FitWarning>());
 }
 
 } // namespace mixtrain::run

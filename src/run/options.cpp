@@ -212,8 +212,10 @@ std::vector<Option> make_table() {
                   MIXTRAIN_CONFIG(thread_policy)));
   add(Def("precision", "--precision", ValueType::kText, kT | kD | kL,
           "Training precision: fp32, fp16 (autocast + dynamic loss scaling; emulated on CPU), bf16 (autocast, no "
-          "scaler), bf16-master / fp16-master (model stored in bf16/fp16, fp32 master weights, norm layers fp32)")
-          .in(Command::kDoctor, "The precision compared with fp32: fp16 (default) or bf16")
+          "scaler), bf16-master / fp16-master (model stored in bf16/fp16, fp32 master weights, norm layers fp32), "
+          "bf16-pure (weights, gradients and optimizer state bf16, no fp32 copy; each update computed in fp32 and "
+          "rounded once by --weight-update)")
+          .in(Command::kDoctor, "The precision compared with fp32: fp16 (default), bf16 or bf16-pure")
           .in(Command::kLrFind, "Precision of the sweep: fp32 (default), fp16, bf16, bf16-master")
           .stored()
           .access([](const RunArgs& a) { return precision_name(a.config.precision); },
@@ -244,7 +246,7 @@ std::vector<Option> make_table() {
   add(Def("keep_fp32", "--keep-fp32", ValueType::kList, kT | kD | kL,
           "Modules kept in fp32 under fp16/bf16 (comma-separated module paths or patterns such as "
           "encoder.layers.*.mlp): every op inside them, parameter-free ones included, computes in fp32")
-          .added_later().no_default().modes({P::kFp16, P::kBf16, P::kFp16Master, P::kBf16Master}, "the whole model is fp32")
+          .added_later().no_default().modes({P::kFp16, P::kBf16, P::kFp16Master, P::kBf16Master, P::kBf16Pure}, "the whole model is fp32")
           .access([](const RunArgs& a) { return detail::comma_joined(a.config.precision_options.keep_fp32()); },
                   [](RunArgs& a, const std::string& t) {
                     const std::vector<std::string> names = detail::comma_list(t);
@@ -253,6 +255,13 @@ std::vector<Option> make_table() {
                                                          " (takes module paths separated by commas, e.g. conv_proj,encoder.layers.*.mlp)");
                     a.config.precision_options.keep_fp32(names);
                   }));
+  add(Def("weight_update", "--weight-update", ValueType::kText, kT | kD | kL,
+          "bf16-pure: how a bf16 weight takes its fp32 update: nearest (plain bf16: updates below half a unit in the "
+          "last place are lost), stochastic (rounded up or down in proportion, seeded by --seed; no extra memory), "
+          "kahan (a bf16 compensation carries what rounding dropped; 2 bytes per parameter)")
+          .added_later()  // no modes: another mode's stochastic or kahan is an error (validate_precision), not a warning
+          .choice(amp::weight_update_names(),
+                  [](RunArgs& a) -> amp::WeightUpdate& { return a.config.precision_options.weight_update(); }));
   const std::string master_note = "it sets fp16-master/bf16-master";
   add(Def("loss_scale", "--loss-scale", ValueType::kNumber, kT | kL,
           "fp16-master/bf16-master: a static loss scale X (0: dynamic, starting at " +

@@ -15,6 +15,7 @@ std::string precision_call(const std::string& mode) {
   if (mode == "bf16-master") return "to_half(MasterWeightsOptions().dtype(kBFloat16))";
   if (mode == "fp16-master") return "to_half()";
   if (mode == "fp32") return "to_fp32()";
+  if (mode == "bf16-pure") return "set_precision(Precision::kBf16Pure)";
   return "set_precision(parse_precision(\"" + mode + "\"))";
 }
 
@@ -26,7 +27,7 @@ const std::map<std::string, std::string>& api_homes() {
       {"backoff_factor", "GradScalerOptions()."},   {"growth_interval", "GradScalerOptions()."},
       {"loss_scale", "MasterWeightsOptions()."},    {"max_noskip", "MasterWeightsOptions()."},
       {"max_scale", "MasterWeightsOptions()."},     {"flat_master", "MasterWeightsOptions()."},
-      {"keep_fp32", "PrecisionOptions()."},
+      {"keep_fp32", "PrecisionOptions()."},         {"weight_update", "PrecisionOptions()."},
   };
   return kHomes;
 }

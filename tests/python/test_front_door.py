@@ -214,3 +214,20 @@ def test_the_doctor_runs_on_an_eager_torchvision_model():
     assert d.model_source == "scripted with torch.jit.script"
     assert d.verdict == "healthy", d.report
     assert d.evidence["fp32"]["accuracy"] > 0.6, d.report
+
+
+def test_a_bf16_model_is_trained_bf16_pure_and_given_back_in_bf16(capfd):
+    model = Mlp().to(torch.bfloat16)
+    r = mixtrain.train(model, blobs(), epochs=2, weight_update="stochastic", **FAST)
+    assert r.summary["precision"] == "bf16-pure"
+    assert r.summary["lost_updates"]["weight_update"] == "stochastic"
+    assert r.summary["bytes_per_param"]["weights"] == 2
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert "the model's parameters are bf16: training it as bf16-pure" in capfd.readouterr().out
+    x, _ = blobs(64)
+    assert model(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_an_fp16_model_is_a_one_line_value_error():
+    with pytest.raises(ValueError, match="the model's parameters are fp16"):
+        mixtrain.train(Mlp().half(), blobs(), **FAST)

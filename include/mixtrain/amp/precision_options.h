@@ -11,6 +11,7 @@
 
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/amp/master_weights.h"
+#include "mixtrain/amp/weight_update.h"
 #include "mixtrain/core/precision.h"
 
 #include <torch/arg.h>
@@ -33,6 +34,11 @@ struct PrecisionOptions {
   /// fp32 under fp16, bf16 and the master-weights modes (mixtrain/amp/fp32_islands.h).
   /// set_precision throws OptionError("keep_fp32") for a name that matches no module.
   TORCH_ARG(std::vector<std::string>, keep_fp32);
+  /// bf16-pure: how a bf16 weight takes its fp32 update (amp/weight_update.h).
+  /// set_precision throws OptionError("weight_update") for another mode.
+  TORCH_ARG(amp::WeightUpdate, weight_update) = amp::WeightUpdate::kNearest;
+  /// bf16-pure with stochastic rounding: the seed of its random bits (the run's seed).
+  TORCH_ARG(uint64_t, rounding_seed) = 0;
 };
 
 /// Throws c10::Error naming the first option that `precision` cannot use, or a

@@ -21,11 +21,33 @@ namespace amp {
 class GradScaler;
 } // namespace amp
 
-/// Bytes held for parameters, so a user can see what master weights cost.
+/// Bytes held for parameters, so a user can see what a mode costs.
 struct ParamMemory {
-  int64_t model = 0;    ///< the model's parameters (half / bf16, norms fp32)
-  int64_t masters = 0;  ///< fp32 master copies
-  int64_t grads = 0;    ///< model grads + master grads, once allocated
+  int64_t model = 0;            ///< the model's parameters (half / bf16, norms fp32)
+  int64_t masters = 0;          ///< fp32 master copies
+  int64_t grads = 0;            ///< model grads + master grads, once allocated
+  int64_t optimizer_state = 0;  ///< the optimizer's state, where the mode stores it in 16 bits (bf16-pure)
+  int64_t compensation = 0;     ///< Kahan compensations (bf16-pure with the kahan weight update)
+};
+
+/// What rounding did to the weight updates of a mode that stores 16-bit weights
+/// without an fp32 copy (bf16-pure): how many element updates rounded to no change.
+struct LostUpdateReport {
+  std::string rule;                         ///< the weight update: "nearest", "stochastic", "kahan"
+  int64_t intended = 0;                     ///< element updates that were nonzero in fp32
+  int64_t lost = 0;                         ///< of which the weight rounded back to its old value
+  double fraction = 0;                      ///< lost / intended
+  double norm_ratio = 0;                    ///< |what rounding dropped| / |what was intended|
+  std::vector<double> fraction_per_epoch;   ///< the same per epoch of the last fit
+  struct Param {
+    std::string name;
+    int64_t numel = 0;
+    double fraction = 0;          ///< its share of lost updates
+    bool never_moved = false;     ///< every update it was meant to take was lost: it is still its initial value
+    double mean_abs_weight = 0;   ///< typical |w|
+    double rms_update = 0;        ///< typical |fp32 update| (lr x the optimizer's step)
+  };
+  std::vector<Param> worst;       ///< the parameters that lost most, worst first (up to 8)
 };
 
 class PrecisionCallback : public Callback {
@@ -75,6 +97,11 @@ class PrecisionCallback : public Callback {
   virtual std::vector<torch::Tensor> state_tensors() const { return {}; }
   /// Parameter memory by role when the mode keeps extra copies (master weights), else nullopt.
   virtual std::optional<ParamMemory> param_memory() const { return std::nullopt; }
+  /// Whether weights, gradients and optimizer state are stored in dtype() itself,
+  /// without an fp32 copy (bf16-pure).
+  virtual bool pure_weights() const { return false; }
+  /// Lost weight updates since the mode was attached (bf16-pure), or nullopt.
+  virtual std::optional<LostUpdateReport> lost_updates() const { return std::nullopt; }
   /// Undoes what attaching did to the Learner before the callback is removed
   /// (master weights copy the fp32 masters back into an fp32 model).
   virtual void detach(Learner&) {}

@@ -43,7 +43,7 @@ using SettingApplier = std::function<void(const Setting& setting, MixedRun& run)
 struct CompareOptions {
   TORCH_ARG(int64_t, epochs) = 1;
   TORCH_ARG(double, lr) = 1e-3;
-  /// The mixed precision compared with fp32: Precision::kFp16 or kBf16.
+  /// The mixed precision compared with fp32: Precision::kFp16, kBf16 or kBf16Pure.
   TORCH_ARG(Precision, precision) = Precision::kFp16;
   /// The mixed run's options: its scaler, emulation and fp32 islands.
   TORCH_ARG(PrecisionOptions, precision_options);
@@ -88,7 +88,11 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& opti
 /// The same with the common arguments.
 Diagnosis compare(const LearnerFactory& make_learner, int64_t epochs, double lr);
 
-/// What a finished run's Recorder says: every step it recorded, and the last epoch.
+/// What a finished run's Recorder says: every step it recorded, and the last epoch;
+/// its lost updates and its bytes per parameter.
 RunEvidence summarize_run(Learner& learn, const std::string& precision);
+/// What a parameter costs in the Learner's mode: weight, gradient, optimizer state
+/// and any master copy or compensation, in bytes.
+double bytes_per_param(Learner& learn);
 
 } // namespace mixtrain::diagnose

@@ -9,6 +9,7 @@
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/diagnose/scale_analysis.h"
+#include "mixtrain/core/precision_callback.h"
 #include "mixtrain/util/phrase.h"
 
 #include <limits>
@@ -25,9 +26,11 @@ enum class Verdict {
   kUnderflow,         ///< loss plateaus above fp32, or too many skipped steps
   kUnsupported,       ///< this precision cannot run here
   kBrokenInFp32,      ///< the fp32 baseline fails too: the model or data is the problem
+  kLostUpdates,       ///< 16-bit weights (bf16-pure) round their updates away and learn less than fp32
 };
 
-/// "healthy", "forward_overflow", "gradient_overflow", "underflow", "unsupported", "broken_in_fp32".
+/// "healthy", "forward_overflow", "gradient_overflow", "underflow", "unsupported",
+/// "broken_in_fp32", "lost_updates".
 const char* to_string(Verdict verdict);
 
 // Thresholds of the rules in decide().
@@ -68,6 +71,11 @@ struct RunEvidence {
   std::vector<std::string> metric_names;
   std::vector<double> metrics;    ///< last epoch
   ScaleAnalysis scale;
+  /// Weight updates rounded away (bf16-pure), as the precision callback counted them.
+  std::optional<LostUpdateReport> lost;
+  /// What a parameter cost in this mode: weight, gradient, optimizer state and any
+  /// master copy or compensation, in bytes (fp32 with AdamW: 16; bf16-pure: 8).
+  double bytes_per_param = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct Evidence {
@@ -120,7 +128,8 @@ struct Diagnosis {
   Evidence evidence;
   /// The candidate fixes tried after a problem verdict (diagnose::compare), in order.
   std::vector<Trial> trials;
-  /// The best proven trial (healthy, smallest gap), or none: then nothing was proven.
+  /// The cheapest proven trial (fewest bytes per parameter, then the smallest gap),
+  /// or none: then nothing was proven.
   std::optional<size_t> proven_fix;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }

@@ -8,7 +8,18 @@
 #include <cstddef>
 #include <string>
 
+namespace mixtrain {
+struct LostUpdateReport;
+} // namespace mixtrain
+
 namespace mixtrain::diagnose {
+
+/// The share of lost weight updates (bf16-pure) above which a fit ends with a
+/// lost_updates warning, and the doctor looks for that verdict.
+constexpr double kLostUpdatesProblem = 0.25;
+/// "likely lost_updates: 73% of weight updates rounded away (worst: norm.weight,
+/// 100%, never moved); the cheapest cure is ...", or "" below kLostUpdatesProblem.
+std::string lost_updates_warning(const LostUpdateReport& lost);
 
 /// Reads the Recorder's rows of this fit after it ends (diagnose::fit_warning) and
 /// prints the warning to stderr. Order 55: after the Recorder (50).

@@ -47,8 +47,9 @@ std::vector<Metric> metrics_for(const RunConfig& config, const data::DatasetSpli
 /// (one line saying why, checked on two samples before anything trains).
 std::unique_ptr<Learner> build_learner(const RunArgs& args, const data::DatasetSplit& split, bool progress);
 
-/// Sets the configuration's precision mode on `learn` and, where a mixed run can
-/// end with skipped steps (fp16), attaches the end-of-fit warning
+/// Sets the configuration's precision mode on `learn` (stochastic rounding seeded
+/// by the run's seed) and, where a run can end with skipped steps (fp16) or lost
+/// weight updates (bf16-pure), attaches the end-of-fit warning
 /// (diagnose::FitWarning): train and lr_find want it, the doctor's runs do not.
 void set_precision(Learner& learn, const RunConfig& config);
 

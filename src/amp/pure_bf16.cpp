@@ -1,0 +1,245 @@
+#include "mixtrain/amp/pure_bf16.h"
+
+#include "mixtrain/amp/fp32_islands.h"
+#include "mixtrain/compat.h"
+#include "mixtrain/core/learner.h"
+#include "mixtrain/util/option_error.h"
+
+#include "util/archive_util.h"
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace mixtrain::amp {
+
+namespace {
+
+bool known_optimizer(torch::optim::Optimizer& opt) {
+  return dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::Adam*>(&opt) ||
+         dynamic_cast<torch::optim::SGD*>(&opt) || dynamic_cast<torch::optim::RMSprop*>(&opt) ||
+         dynamic_cast<torch::optim::Adagrad*>(&opt);
+}
+
+/// State bytes per parameter element that each optimizer keeps in bf16 (2 bytes a tensor).
+int64_t state_tensors_per_param(torch::optim::Optimizer& opt) {
+  if (dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::Adam*>(&opt)) return 2;
+  if (dynamic_cast<torch::optim::RMSprop*>(&opt)) return 1;
+  return 1;  // SGD's momentum buffer, Adagrad's sum
+}
+
+uint64_t stream_of(int64_t step, size_t param) {
+  return static_cast<uint64_t>(step) * 0x100000001b3ull + static_cast<uint64_t>(param);
+}
+
+} // namespace
+
+PureBf16::PureBf16(WeightUpdate rule, uint64_t seed)
+    : MixedPrecision(c10::ScalarType::BFloat16), rule_(rule), seed_(seed) {}
+
+std::string PureBf16::mode_tag() const { return "pure:BFloat16"; }
+
+void PureBf16::prepare(Learner& learn) {
+  torch::nn::Module& module = learn.model().module();
+  if (prepared_for_module_ == &module) return;
+  if (!known_optimizer(learn.opt()))
+    throw OptionError("precision", Phrase::setting("precision", "bf16-pure") +
+                                       " rounds the optimizer state of AdamW, Adam, SGD, RMSprop and Adagrad; this "
+                                       "Learner's optimizer is none of them (use one of those, or " +
+                                       Phrase::setting("precision", "bf16-master") + ")");
+  const std::vector<std::string> islands = keep_fp32();
+  const IslandParams in_island = islands.empty() ? IslandParams() : island_params(islands, module);
+  torch::NoGradGuard no_grad;
+  std::vector<Param> params;
+  int64_t weight_bytes = 0, grad_bytes = 0, state_bytes = 0, compensation_bytes = 0;
+  const int64_t states = state_tensors_per_param(learn.opt());
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    torch::Tensor w = item.value();
+    const int64_t n = w.numel();
+    if (in_island.count(w.unsafeGetTensorImpl())) {  // an island: fp32 weight, gradient and state
+      weight_bytes += 4 * n;
+      grad_bytes += 4 * n;
+      state_bytes += 4 * states * n;
+      continue;
+    }
+    TORCH_CHECK(w.scalar_type() == torch::kFloat, "bf16-pure trains fp32-stored parameters, but ", item.key(), " is ",
+                w.scalar_type(), " (give the Learner the model as it is; the mode rounds it)");
+    weight_bytes += 2 * n;
+    grad_bytes += 2 * n;
+    state_bytes += 2 * states * n;
+    if (!w.requires_grad()) continue;  // frozen: nothing updates it, but it is stored in bf16
+    Param p;
+    p.name = item.key();
+    p.weight = w;
+    p.before = torch::empty_like(w);
+    if (rule_ == WeightUpdate::kKahan) {
+      p.compensation = torch::zeros_like(w);
+      compensation_bytes += 2 * n;
+    }
+    params.push_back(std::move(p));
+  }
+  // A Learner resumed from a checkpoint already holds this mode's compensations and counts.
+  if (params_.size() == params.size()) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params_[i].compensation.defined() && params[i].compensation.defined())
+        params[i].compensation.copy_(params_[i].compensation);
+      params[i].total = params_[i].total;
+    }
+  }
+  params_ = std::move(params);
+  // The weights hold bf16 values from the start (a write to a bf16 weight is rounded).
+  for (auto& item : module.named_parameters(/*recurse=*/true)) {
+    torch::Tensor w = item.value();
+    if (!in_island.count(w.unsafeGetTensorImpl()) && w.scalar_type() == torch::kFloat) round_to_bf16_(w);
+  }
+  ParamMemory m;
+  m.model = weight_bytes;
+  m.grads = grad_bytes;
+  m.optimizer_state = state_bytes;
+  m.compensation = compensation_bytes;
+  memory_ = m;
+  prepared_for_module_ = &module;
+}
+
+void PureBf16::before_fit(Learner& learn) {
+  MixedPrecision::before_fit(learn);
+  prepare(learn);
+  per_epoch_.clear();
+  epoch_now_ = LostUpdates();
+  for (auto& p : params_) p.epoch = LostUpdates();
+  step_pending_ = false;
+}
+
+void PureBf16::before_step(Learner& learn) {
+  MixedPrecision::before_step(learn);
+  torch::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    // Gradients are bf16 too; the step reads them as the bf16 values they are.
+    if (p.weight.grad().defined() && p.weight.grad().scalar_type() == torch::kFloat) {
+      torch::Tensor g = p.weight.mutable_grad();
+      round_to_bf16_(g);
+    }
+    p.before.copy_(p.weight);
+  }
+  step_pending_ = true;
+}
+
+void PureBf16::after_cancel_step(Learner& learn) {
+  MixedPrecision::after_cancel_step(learn);
+  step_pending_ = false;  // no update to round
+}
+
+void PureBf16::after_step(Learner& learn) {
+  MixedPrecision::after_step(learn);
+  if (!step_pending_) return;
+  step_pending_ = false;
+  torch::NoGradGuard no_grad;
+  const int64_t step = learn.train_iter();
+  LostUpdates this_step;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    if (!p.weight.grad().defined()) continue;  // the optimizer left it alone
+    const LostUpdates s = round_update(p.weight, p.before, rule_, p.compensation.defined() ? &p.compensation : nullptr,
+                                       seed_, stream_of(step, i));
+    p.epoch += s;
+    p.total += s;
+    this_step += s;
+    if (auto* st = compat::optimizer_state_of(learn.opt(), p.weight)) {
+      const auto tensors = optimizer_state_tensors(*st);
+      if (tensors)
+        for (torch::Tensor* t : *tensors)
+          if (t->defined() && t->scalar_type() == torch::kFloat && t->numel() > 0) round_to_bf16_(*t);
+    }
+  }
+  epoch_now_ += this_step;
+}
+
+void PureBf16::after_epoch(Learner& learn) {
+  MixedPrecision::after_epoch(learn);
+  per_epoch_.push_back(epoch_now_);
+  epoch_now_ = LostUpdates();
+}
+
+std::vector<torch::Tensor> PureBf16::state_tensors() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params_)
+    if (p.compensation.defined()) out.push_back(p.compensation);
+  return out;
+}
+
+std::optional<LostUpdateReport> PureBf16::lost_updates() const {
+  if (params_.empty()) return std::nullopt;
+  LostUpdateReport r;
+  r.rule = weight_update_name(rule_);
+  LostUpdates total;
+  for (const auto& p : params_) total += p.total;
+  r.intended = total.intended;
+  r.lost = total.lost;
+  r.fraction = total.fraction();
+  r.norm_ratio = total.norm_ratio();
+  for (const auto& e : per_epoch_) r.fraction_per_epoch.push_back(e.fraction());
+  if (epoch_now_.intended > 0) r.fraction_per_epoch.push_back(epoch_now_.fraction());
+  std::vector<LostUpdateReport::Param> rows;
+  for (const auto& p : params_) {
+    if (p.total.intended == 0) continue;
+    LostUpdateReport::Param row;
+    row.name = p.name;
+    row.numel = p.weight.numel();
+    row.fraction = p.total.fraction();
+    row.never_moved = p.total.lost == p.total.intended;
+    row.mean_abs_weight = p.weight.abs().mean().item<double>();
+    // The root mean square of the fp32 updates: the size a typical update had.
+    row.rms_update = std::sqrt(p.total.intended_sq / static_cast<double>(std::max<int64_t>(1, p.total.intended)));
+    rows.push_back(std::move(row));
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.fraction > b.fraction; });
+  if (rows.size() > 8) rows.resize(8);
+  r.worst = std::move(rows);
+  return r;
+}
+
+void PureBf16::save_state(torch::serialize::OutputArchive& ar) const {
+  MixedPrecision::save_state(ar);
+  ar.write("rule", c10::IValue(weight_update_name(rule_)));
+  mixtrain::detail::write_i64(ar, "params", static_cast<int64_t>(params_.size()));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    const std::string k = "param." + std::to_string(i) + ".";
+    if (p.compensation.defined()) ar.write(k + "compensation", p.compensation);
+    const LostUpdates& t = p.total;
+    mixtrain::detail::write_f64s(ar, k + "total", {double(t.elements), double(t.intended), double(t.lost), t.intended_sq,
+                                                   t.lost_sq});
+  }
+}
+
+void PureBf16::load_state(torch::serialize::InputArchive& ar) {
+  MixedPrecision::load_state(ar);
+  c10::IValue rule;
+  ar.read("rule", rule);
+  TORCH_CHECK(rule.isString() && rule.toStringRef() == weight_update_name(rule_), "the checkpoint's bf16-pure weight update is ",
+              rule.isString() ? rule.toStringRef() : std::string("unknown"), ", this run's is ", weight_update_name(rule_));
+  const int64_t n = mixtrain::detail::read_i64(ar, "params");
+  std::vector<Param> params(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    Param& p = params[static_cast<size_t>(i)];
+    const std::string k = "param." + std::to_string(i) + ".";
+    if (rule_ == WeightUpdate::kKahan) ar.read(k + "compensation", p.compensation);
+    const auto t = mixtrain::detail::read_f64s(ar, k + "total");
+    TORCH_CHECK(t.size() == 5, "bf16-pure: the checkpoint's counts are damaged");
+    p.total.elements = static_cast<int64_t>(t[0]);
+    p.total.intended = static_cast<int64_t>(t[1]);
+    p.total.lost = static_cast<int64_t>(t[2]);
+    p.total.intended_sq = t[3];
+    p.total.lost_sq = t[4];
+  }
+  // prepare() at the next fit takes them over, matched by position.
+  params_ = std::move(params);
+  prepared_for_module_ = nullptr;
+}
+
+} // namespace mixtrain::amp

@@ -1,0 +1,328 @@
+// bf16-pure training: bf16 weights and optimizer state without an fp32 copy,
+// each update computed in fp32 and rounded once by nearest, stochastic or Kahan
+// rounding, and the updates rounding throws away counted in the same pass.
+#include "cli_util.h"
+#include "test_util.h"
+
+#include <mixtrain/mixtrain.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace {
+
+using namespace mixtrain;
+using amp::WeightUpdate;
+
+// The models here have a LayerNorm after a Linear: libtorch 1.13's real CPU bf16
+// autocast cannot run that (layer_norm refuses a bf16 input with fp32 weights, in
+// Python's torch.autocast too), so these tests compute the forward with the
+// emulation on every CPU, as a CPU without bf16 units does.
+class PureBf16Test : public test::SeededTest {
+ protected:
+  void SetUp() override {
+    test::SeededTest::SetUp();
+    ::setenv("MIXTRAIN_CPU_BF16", "0", 1);
+  }
+  void TearDown() override {
+    ::unsetenv("MIXTRAIN_CPU_BF16");
+  }
+};
+
+float bf16_of(float x) { return torch::tensor({x}).to(torch::kBFloat16).to(torch::kFloat).item<float>(); }
+
+uint32_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+TEST_F(PureBf16Test, NearestRoundingIsBitwiseTorchsBfloat16) {
+  torch::Tensor x = torch::cat({torch::randn({20000}) * 1e3, torch::randn({20000}) * 1e-38,
+                                torch::tensor({0.f, -0.f, INFINITY, -INFINITY, NAN, 3.3895e38f, 1.00390625f, 1.01171875f})});
+  const torch::Tensor want = x.to(torch::kBFloat16).to(torch::kFloat);
+  const float* in = x.data_ptr<float>();
+  const float* w = want.data_ptr<float>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    // NaN stays NaN (torch's own scalar and vector paths write different NaN payloads).
+    const bool same = std::isnan(in[i]) ? std::isnan(amp::round_bf16_nearest(in[i])) && std::isnan(w[i])
+                                        : bits(amp::round_bf16_nearest(in[i])) == bits(w[i]);
+    differ += !same;
+    if (!same) ADD_FAILURE() << "x " << in[i] << " (bits " << std::hex << bits(in[i]) << "): ours " << bits(amp::round_bf16_nearest(in[i])) << ", torch's " << bits(w[i]);
+  }
+  EXPECT_EQ(differ, 0);
+  torch::Tensor y = x.clone();
+  amp::round_to_bf16_(y);
+  EXPECT_TRUE(torch::equal(y.nan_to_num(0), want.nan_to_num(0)));
+}
+
+TEST_F(PureBf16Test, StochasticRoundingIsUnbiasedSeededAndTheSameOnEveryRank) {
+  // 1 + 2^-10 lies between the bf16 neighbours 1 and 1 + 2^-7, an eighth of the way up.
+  const float x = 1.0f + std::ldexp(1.0f, -10);
+  double sum = 0;
+  int ups = 0;
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) {
+    const float r = amp::round_bf16_stochastic(x, amp::stochastic_bits(7, /*stream=*/i / 100, /*index=*/i % 100));
+    ASSERT_TRUE(r == 1.0f || r == 1.0f + std::ldexp(1.0f, -7)) << r;
+    ups += r > 1.0f;
+    sum += r;
+  }
+  EXPECT_NEAR(static_cast<double>(ups) / n, 0.125, 0.01);
+  // The mean is the value: within 4 standard errors (2^-7 * sqrt(p (1 - p) / n) = 1.3e-5).
+  EXPECT_NEAR(sum / n, static_cast<double>(x), 5.2e-5);
+  // Representable values never move; the same (seed, stream, index) draws the same bits.
+  EXPECT_EQ(amp::round_bf16_stochastic(1.5f, 0xffff), 1.5f);
+  EXPECT_EQ(amp::stochastic_bits(7, 3, 11), amp::stochastic_bits(7, 3, 11));
+  int same_other_seed = 0;
+  for (int i = 0; i < 64; ++i) same_other_seed += amp::stochastic_bits(7, 3, i) == amp::stochastic_bits(8, 3, i);
+  EXPECT_LT(same_other_seed, 8);
+  // Two ranks rounding the same update under the same seed and step end bitwise equal.
+  const torch::Tensor before = torch::randn({1000}).to(torch::kBFloat16).to(torch::kFloat);
+  const torch::Tensor fresh = before + torch::randn({1000}) * 1e-3;
+  torch::Tensor rank0 = fresh.clone(), rank1 = fresh.clone();
+  amp::round_update(rank0, before, WeightUpdate::kStochastic, nullptr, 42, 5);
+  amp::round_update(rank1, before, WeightUpdate::kStochastic, nullptr, 42, 5);
+  EXPECT_TRUE(torch::equal(rank0, rank1));
+  torch::Tensor other_step = fresh.clone();
+  amp::round_update(other_step, before, WeightUpdate::kStochastic, nullptr, 42, 6);
+  EXPECT_FALSE(torch::equal(rank0, other_step));
+}
+
+TEST_F(PureBf16Test, KahanCarriesTheUpdateNearestRoundingLoses) {
+  // A constant update of 1e-4 on a weight of 1: below half of bf16's 2^-7 spacing at 1.
+  auto train = [](WeightUpdate rule) {
+    torch::Tensor w = torch::ones({64});
+    torch::Tensor comp = torch::zeros({64});
+    amp::LostUpdates lost;
+    for (int step = 0; step < 1000; ++step) {
+      const torch::Tensor before = w.clone();
+      w.add_(1e-4);  // what the optimizer computed, in fp32
+      lost += amp::round_update(w, before, rule, rule == WeightUpdate::kKahan ? &comp : nullptr, 3, step);
+    }
+    return std::make_pair(w.mean().item<double>(), lost);
+  };
+  const auto [nearest, nearest_lost] = train(WeightUpdate::kNearest);
+  EXPECT_EQ(nearest, 1.0);  // never moved
+  EXPECT_EQ(nearest_lost.fraction(), 1.0);
+  EXPECT_GT(nearest_lost.norm_ratio(), 0.99);
+  const double fp32 = 1.0 + 1000 * 1e-4;
+  const auto [kahan, kahan_lost] = train(WeightUpdate::kKahan);
+  EXPECT_NEAR(kahan, fp32, 4e-3);  // within bf16's spacing of fp32's result
+  EXPECT_LT(kahan_lost.norm_ratio(), 0.05);
+  const auto [stochastic, stochastic_lost] = train(WeightUpdate::kStochastic);
+  EXPECT_NEAR(stochastic, fp32, 0.01);
+  EXPECT_GT(stochastic_lost.fraction(), 0.5);  // most single steps still round to no change; their mean moves
+}
+
+TEST_F(PureBf16Test, LostUpdateCountsEqualAHandComputation) {
+  // Old weights (bf16 values) and the fp32 results of one step.
+  const torch::Tensor before = torch::tensor({1.0f, 1.0f, 2.0f, 0.5f, 1.0f, -3.0f});
+  torch::Tensor w = torch::tensor({1.001f, 1.02f, 2.0f, 0.5f + 1e-5f, 0.99f, -3.05f});
+  // By hand: bf16 spacing is 2^-7 at 1, 2^-6 at 2, 2^-8 at 0.5, 2^-6 at 3 (2^-8 just below 1).
+  //   1.001  -> 1       (lost)         1.02 -> 1.0234375 (moved)
+  //   2.0    -> 2       (no update)    0.50001 -> 0.5    (lost)
+  //   0.99   -> 0.98828125 (moved)     -3.05 -> -3.046875 (moved)
+  const amp::LostUpdates s = amp::round_update(w, before, WeightUpdate::kNearest, nullptr, 0, 0);
+  EXPECT_EQ(s.elements, 6);
+  EXPECT_EQ(s.intended, 5);
+  EXPECT_EQ(s.lost, 2);
+  EXPECT_TRUE(torch::equal(w, torch::tensor({1.0f, 1.0234375f, 2.0f, 0.5f, 0.98828125f, -3.046875f})));
+  const std::vector<float> u{1.001f - 1, 1.02f - 1, 0, (0.5f + 1e-5f) - 0.5f, 0.99f - 1, -3.05f + 3};
+  double intended_sq = 0;
+  for (float v : u) intended_sq += double(v) * v;
+  EXPECT_NEAR(s.intended_sq, intended_sq, 1e-12);
+  EXPECT_DOUBLE_EQ(s.fraction(), 0.4);
+}
+
+TEST_F(PureBf16Test, EmulatedUpdatesEqualRealBf16TensorUpdatesBitwise) {
+  // SGD with momentum over 5 steps of the same gradients: bf16 tensors updated in
+  // fp32 and rounded once (the real path), against fp32 storage of bf16 values
+  // stepped by libtorch's SGD and rounded by PureBf16's pass.
+  const double lr = 0.05, momentum = 0.9;
+  std::vector<torch::Tensor> grads;
+  for (int s = 0; s < 5; ++s) grads.push_back(torch::randn({257}).to(torch::kBFloat16));
+  torch::Tensor w16 = torch::randn({257}).to(torch::kBFloat16), buf16;
+  torch::Tensor w = w16.to(torch::kFloat).requires_grad_();
+  torch::optim::SGD sgd({w}, torch::optim::SGDOptions(lr).momentum(momentum));
+  for (int s = 0; s < 5; ++s) {
+    const torch::Tensor g = grads[s].to(torch::kFloat);
+    // Real bf16 tensors: upcast, libtorch SGD's arithmetic, round each tensor once.
+    torch::Tensor buf = s == 0 ? g.clone() : buf16.to(torch::kFloat).mul(momentum).add(g);
+    buf16 = buf.to(torch::kBFloat16);
+    w16 = w16.to(torch::kFloat).add(buf, -lr).to(torch::kBFloat16);
+    // Emulated: what PureBf16 does around the Learner's optimizer.
+    const torch::Tensor before = w.detach().clone();
+    w.mutable_grad() = g.clone();
+    sgd.step();
+    torch::Tensor data = w.detach();
+    amp::round_update(data, before, WeightUpdate::kNearest, nullptr, 0, s);
+    torch::Tensor& state = static_cast<torch::optim::SGDParamState&>(*compat::optimizer_state_of(sgd, w)).momentum_buffer();
+    amp::round_to_bf16_(state);
+    ASSERT_TRUE(torch::equal(w.detach(), w16.to(torch::kFloat))) << "step " << s;
+    ASSERT_TRUE(torch::equal(state, buf16.to(torch::kFloat))) << "step " << s;
+  }
+}
+
+/// A small MLP with LayerNorm: the gain of 1.0 is where bf16 loses most.
+struct NormMlpImpl : torch::nn::Module {
+  NormMlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 32))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 3))) {}
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(norm(fc1(x)))); }
+  torch::nn::Linear fc1;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(NormMlp);
+
+struct Trained {
+  double first_loss, final_loss;
+  std::optional<LostUpdateReport> lost;
+  std::optional<ParamMemory> memory;
+};
+
+Trained train(Precision precision, WeightUpdate rule, double lr, int epochs = 3) {
+  torch::manual_seed(0);
+  NormMlp net;
+  auto ds = test::blobs(512, 3, 8, 3);
+  auto dls = data::DataLoaders::from_split({ds, test::blobs(128, 3, 8, 4)}, 32, 11);
+  Learner learn(Model(net), std::move(dls), cross_entropy(), LearnerOptions().progress(false));
+  learn.set_precision(precision, PrecisionOptions().weight_update(rule).rounding_seed(42));
+  learn.fit(epochs, lr);
+  const auto& steps = learn.recorder().steps();
+  Trained t{0, learn.recorder().values().back().train_loss, std::nullopt, std::nullopt};
+  for (int i = 0; i < 5; ++i) t.first_loss += steps[i].loss / 5;
+  if (auto pc = learn.precision_cb()) {
+    t.lost = pc->lost_updates();
+    t.memory = pc->param_memory();
+  }
+  return t;
+}
+
+TEST_F(PureBf16Test, AtALowLearningRateNearestPlateausAboveFp32AndStochasticRoundingDoesNot) {
+  const double lr = 2e-4;  // AdamW's steps of ~2e-4 fall below half of bf16's spacing on |w| > 0.05
+  const Trained fp32 = train(Precision::kFp32, WeightUpdate::kNearest, lr);
+  const Trained nearest = train(Precision::kBf16Pure, WeightUpdate::kNearest, lr);
+  const Trained stochastic = train(Precision::kBf16Pure, WeightUpdate::kStochastic, lr);
+  const Trained kahan = train(Precision::kBf16Pure, WeightUpdate::kKahan, lr);
+  const double progress = fp32.first_loss - fp32.final_loss;
+  ASSERT_GT(progress, 0.05);
+  ASSERT_TRUE(nearest.lost);
+  EXPECT_GT(nearest.lost->fraction, 0.5);
+  EXPECT_LT(nearest.first_loss - nearest.final_loss, 0.7 * progress);  // it learns clearly less
+  // The LayerNorm gain starts at exactly 1.0: the worst of all.
+  ASSERT_FALSE(nearest.lost->worst.empty());
+  EXPECT_EQ(nearest.lost->worst.front().name, "norm.weight");
+  EXPECT_TRUE(nearest.lost->worst.front().never_moved);
+  EXPECT_NEAR(stochastic.first_loss - stochastic.final_loss, progress, 0.1 * progress);
+  EXPECT_NEAR(kahan.first_loss - kahan.final_loss, progress, 0.1 * progress);
+  EXPECT_LT(kahan.lost->norm_ratio, nearest.lost->norm_ratio);
+  // Memory as bf16 lays it out: 2 bytes a weight, 2 a gradient, 2 x 2 of AdamW state; Kahan adds 2.
+  const int64_t n = 8 * 32 + 32 + 2 * 32 + 32 * 3 + 3;
+  EXPECT_EQ(nearest.memory->model, 2 * n);
+  EXPECT_EQ(nearest.memory->grads, 2 * n);
+  EXPECT_EQ(nearest.memory->optimizer_state, 4 * n);
+  EXPECT_EQ(nearest.memory->compensation, 0);
+  EXPECT_EQ(kahan.memory->compensation, 2 * n);
+}
+
+TEST_F(PureBf16Test, AtANormalLearningRateFewUpdatesAreLost) {
+  const Trained fp32 = train(Precision::kFp32, WeightUpdate::kNearest, 1e-2);
+  const Trained nearest = train(Precision::kBf16Pure, WeightUpdate::kNearest, 1e-2);
+  ASSERT_TRUE(nearest.lost);
+  EXPECT_LT(nearest.lost->fraction, 0.5);
+  EXPECT_NEAR(nearest.final_loss, fp32.final_loss, 0.15 * std::abs(fp32.final_loss) + 0.02);
+}
+
+TEST_F(PureBf16Test, IslandsKeepFp32WeightsAndTheModeIsNamedEverywhere) {
+  torch::manual_seed(0);
+  NormMlp net;
+  auto dls = data::DataLoaders::from_split({test::blobs(256, 3, 8, 3), test::blobs(64, 3, 8, 4)}, 32, 11);
+  Learner learn(Model(net), std::move(dls), cross_entropy(), LearnerOptions().progress(false));
+  learn.set_precision(Precision::kBf16Pure, PrecisionOptions().keep_fp32({"norm"}));
+  EXPECT_EQ(learn.precision(), Precision::kBf16Pure);
+  EXPECT_EQ(precision_name(learn.precision()), "bf16-pure");
+  EXPECT_EQ(parse_precision("bf16-pure"), Precision::kBf16Pure);
+  learn.fit(1, 2e-4);
+  // The island's gain moved off 1.0 in fp32; the rest holds bf16 values.
+  EXPECT_FALSE(torch::equal(net->norm->weight, torch::ones({32})));
+  const torch::Tensor w = net->fc1->weight.detach();
+  EXPECT_TRUE(torch::equal(w, w.to(torch::kBFloat16).to(torch::kFloat)));
+  const auto lost = learn.precision_cb()->lost_updates();
+  ASSERT_TRUE(lost);
+  for (const auto& p : lost->worst) EXPECT_NE(p.name.rfind("norm.", 0), 0u) << p.name;
+  // A weight update belongs to bf16-pure alone.
+  EXPECT_THROW_WITH(learn.set_precision(Precision::kBf16, PrecisionOptions().weight_update(WeightUpdate::kKahan)),
+                    "rounds 16-bit weights, which only");
+}
+
+diagnose::LearnerFactory norm_mlp_factory() {
+  return [] {
+    NormMlp net;
+    auto dls = data::DataLoaders::from_split({test::blobs(512, 3, 8, 3), test::blobs(128, 3, 8, 4)}, 32, 11);
+    return std::make_unique<Learner>(Model(net), std::move(dls), cross_entropy(), LearnerOptions().progress(false));
+  };
+}
+
+TEST_F(PureBf16Test, TheDoctorSaysLostUpdatesAndProvesTheCheapestCure) {
+  const auto d = diagnose::compare(norm_mlp_factory(), diagnose::CompareOptions()
+                                                           .epochs(3)
+                                                           .lr(2e-4)
+                                                           .one_cycle(false)
+                                                           .precision(Precision::kBf16Pure)
+                                                           .max_trials(5)
+                                                           .apply_setting(run::apply_setting));
+  ASSERT_EQ(d.verdict, diagnose::Verdict::kLostUpdates) << d.report();
+  EXPECT_TRUE(test::contains(d.findings, "rounded to no change")) << d.report();
+  EXPECT_TRUE(test::contains(d.findings, "norm.weight")) << d.report();
+  EXPECT_TRUE(test::contains(d.fixes, "--weight-update stochastic") || test::contains(d.fixes, "weight_update(stochastic)"))
+      << d.report();
+  ASSERT_TRUE(d.proven_fix) << d.report();
+  const diagnose::Trial& cure = d.trials[*d.proven_fix];
+  // The cheapest proven: no trial that trained like fp32 costs fewer bytes per parameter.
+  for (const auto& t : d.trials)
+    if (t.proven()) EXPECT_GE(t.run.bytes_per_param, cure.run.bytes_per_param) << t.settings_in(run::flag_words());
+  EXPECT_EQ(cure.run.bytes_per_param, 8) << d.report(run::flag_words());  // bf16 weights, grads and AdamW state
+  ASSERT_TRUE(cure.gap_percent);
+  EXPECT_LT(std::abs(*cure.gap_percent), 2.0) << d.report(run::flag_words());
+  // The masters' trial costs more than fp32 autocast's 16 bytes a parameter (bf16 copy + fp32 masters; the
+  // LayerNorm stays fp32 without a master), autocast with fp32 weights 16.
+  for (const auto& t : d.trials) {
+    if (t.settings_in(run::flag_words()).find("bf16-master") != std::string::npos) EXPECT_GT(t.run.bytes_per_param, 17);
+    if (t.settings_in(run::flag_words()).find("--precision bf16 ") != std::string::npos) EXPECT_NEAR(t.run.bytes_per_param, 16, 0.5);
+  }
+}
+
+TEST_F(PureBf16Test, TheDoctorCallsAHealthyBf16PureRunHealthy) {
+  const auto d = diagnose::compare(norm_mlp_factory(), diagnose::CompareOptions()
+                                                           .epochs(2)
+                                                           .lr(1e-2)
+                                                           .precision(Precision::kBf16Pure)
+                                                           .apply_setting(run::apply_setting));
+  EXPECT_NE(d.verdict, diagnose::Verdict::kLostUpdates) << d.report();
+}
+
+TEST(PureBf16CliTest, WeightUpdateOutsideBf16PureIsOneLineAndTheRunRecordsItsMemory) {
+  const std::string dir = test::fake_fashion_dir("cli_pure", 128, 32);
+  const std::string out = test::scratch_dir("cli_pure_out");
+  test::expect_usage_error("train --data " + dir + " --out " + out + " --precision bf16 --weight-update stochastic",
+                           "--weight-update stochastic rounds 16-bit weights, which only --precision bf16-pure stores");
+  test::expect_usage_error("train --data " + dir + " --out " + out + " --precision bf16-pure --weight-update sloppy",
+                           "unknown --weight-update 'sloppy' (choices: nearest, stochastic, kahan)");
+  const test::CliResult r = test::run_cli("train --data " + dir + " --out " + out +
+                                          " --bs 32 --threads 1 --model mlp --precision bf16-pure --weight-update kahan");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto summary = test::read_json(out + "/summary.json");
+  EXPECT_EQ(summary["precision"], "bf16-pure");
+  // The MLP's 203,530 parameters: bf16 weights, gradients, AdamW's two states and a Kahan compensation.
+  EXPECT_EQ(summary["bytes_per_param"]["weights"], 2);
+  EXPECT_EQ(summary["bytes_per_param"]["optimizer_state"], 4);
+  EXPECT_EQ(summary["bytes_per_param"]["compensation"], 2);
+  EXPECT_TRUE(summary["lost_updates"]["fraction"].is_number());
+  EXPECT_EQ(test::read_json(out + "/args.json")["weight_update"], "kahan");
+}
+
+} // namespace
