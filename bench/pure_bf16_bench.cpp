@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
 
 namespace {
 
@@ -31,35 +34,53 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-/// Milliseconds per training step of one fit (best of three).
-double step_ms(mixtrain::Precision precision, mixtrain::amp::WeightUpdate rule) {
-  auto x = torch::randn({4096, 512}), y = torch::randint(10, {4096});
-  double best = 1e300;
-  for (int rep = 0; rep < 3; ++rep) {
-    torch::manual_seed(0);
-    Net net;
-    auto dls = mixtrain::data::DataLoaders::from_split({{x, y}, {x.slice(0, 0, 256), y.slice(0, 0, 256)}}, 256, 0);
-    mixtrain::Learner learn(mixtrain::Model(net), dls, mixtrain::cross_entropy(), mixtrain::LearnerOptions().progress(false));
-    learn.set_precision(precision, mixtrain::PrecisionOptions().weight_update(rule).rounding_seed(1));
-    learn.fit(1, 1e-4);  // warm: the first fit allocates optimizer state
-    const double t0 = now();
-    learn.fit(1, 1e-4);
-    best = std::min(best, 1e3 * (now() - t0) / 16);
-  }
-  return best;
+/// One arm: a Learner in one mode, kept across rounds so that arms interleave
+/// (the host's speed drifts over minutes; interleaving keeps the ratios fair).
+struct Arm {
+  std::unique_ptr<mixtrain::Learner> learn;
+  double best_ms = 1e300;
+};
+
+Arm make_arm(const torch::Tensor& x, const torch::Tensor& y, mixtrain::Precision precision,
+             mixtrain::amp::WeightUpdate rule) {
+  torch::manual_seed(0);
+  Net net;
+  auto dls = mixtrain::data::DataLoaders::from_split({{x, y}, {x.slice(0, 0, 256), y.slice(0, 0, 256)}}, 256, 0);
+  Arm arm;
+  arm.learn = std::make_unique<mixtrain::Learner>(mixtrain::Model(net), dls, mixtrain::cross_entropy(),
+                                                  mixtrain::LearnerOptions().progress(false));
+  arm.learn->set_precision(precision, mixtrain::PrecisionOptions().weight_update(rule).rounding_seed(1));
+  arm.learn->fit(1, 1e-4);  // warm: the first fit allocates the optimizer's state
+  return arm;
+}
+
+/// Milliseconds per training step of one more fit of `arm`, kept when it is its best.
+void time_fit(Arm& arm) {
+  const double t0 = now();
+  arm.learn->fit(1, 1e-4);
+  arm.best_ms = std::min(arm.best_ms, 1e3 * (now() - t0) / static_cast<double>(arm.learn->dls().train.num_batches()));
 }
 
 } // namespace
 
 int main() {
+  // libtorch 1.13's real CPU bf16 autocast cannot run a LayerNorm after a Linear (layer_norm refuses
+  // a bf16 input with fp32 weights, as Python's torch.autocast does): every bf16 arm is emulated.
+  ::setenv("MIXTRAIN_CPU_BF16", "0", 1);
   mixtrain::configure_threads(0);
   using mixtrain::Precision;
   using mixtrain::amp::WeightUpdate;
-  const double fp32 = step_ms(Precision::kFp32, WeightUpdate::kNearest);
-  const double bf16 = step_ms(Precision::kBf16, WeightUpdate::kNearest);
-  const double nearest = step_ms(Precision::kBf16Pure, WeightUpdate::kNearest);
-  const double stochastic = step_ms(Precision::kBf16Pure, WeightUpdate::kStochastic);
-  const double kahan = step_ms(Precision::kBf16Pure, WeightUpdate::kKahan);
+  auto x = torch::randn({4096, 512}), y = torch::randint(10, {4096});
+  std::vector<Arm> arms;
+  arms.push_back(make_arm(x, y, Precision::kFp32, WeightUpdate::kNearest));
+  arms.push_back(make_arm(x, y, Precision::kBf16, WeightUpdate::kNearest));
+  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kNearest));
+  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kStochastic));
+  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kKahan));
+  for (int round = 0; round < 5; ++round)
+    for (auto& arm : arms) time_fit(arm);
+  const double fp32 = arms[0].best_ms, bf16 = arms[1].best_ms, nearest = arms[2].best_ms, stochastic = arms[3].best_ms,
+               kahan = arms[4].best_ms;
   std::printf("step (4x Linear(512)+LayerNorm, bs 256): fp32 %.2f ms, bf16 %.2f ms, bf16-pure nearest %.2f ms\n", fp32,
               bf16, nearest);
   std::printf("bf16-pure step / fp32 step: %.2fx; / bf16 step: %.2fx\n", nearest / fp32, nearest / bf16);

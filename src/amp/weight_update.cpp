@@ -76,50 +76,75 @@ float round_bf16_stochastic(float x, uint32_t r) {
   return float_of((b + (r & 0xffffu)) & 0xffff0000u);
 }
 
+namespace {
+/// The key of one (seed, stream): computed once per tensor and step.
+uint64_t stream_key(uint64_t seed, uint64_t stream) { return splitmix64(seed ^ splitmix64(stream)); }
+/// The 64 random bits elements 4k .. 4k+3 share.
+uint64_t draw(uint64_t key, uint64_t index) { return splitmix64(key ^ (index >> 2)); }
+uint32_t quarter(uint64_t h, uint64_t index) { return static_cast<uint32_t>(h >> (16 * (index & 3))) & 0xffffu; }
+} // namespace
+
 uint32_t stochastic_bits(uint64_t seed, uint64_t stream, uint64_t index) {
   // Four elements share one 64-bit draw: element i takes its quarter.
-  const uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(stream)) ^ (index >> 2));
-  return static_cast<uint32_t>(h >> (16 * (index & 3))) & 0xffffu;
+  return quarter(draw(stream_key(seed, stream), index), index);
 }
 
 namespace {
 
-LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, WeightUpdate rule,
-                       uint64_t seed, uint64_t stream) {
-  LostUpdates s;
-  s.elements = hi - lo;
+// One rule's pass over [lo, hi): the rule is a template argument so that the loop
+// has no branch on it, and the counts and sums are branch-free, which lets the
+// compiler vectorize the nearest and Kahan passes. Sums run in float within a
+// chunk (at most 32768 terms) and in double across chunks.
+template <WeightUpdate kRule>
+LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, uint64_t seed,
+                       uint64_t stream) {
+  int64_t intended = 0, lost = 0;
+  float intended_sq = 0, lost_sq = 0;
+  const uint64_t key = kRule == WeightUpdate::kStochastic ? stream_key(seed, stream) : 0;
+  uint64_t bits = 0;
   for (int64_t i = lo; i < hi; ++i) {
     const float old = before[i], fresh = w[i];
     const float u = fresh - old;  // the optimizer's update, as fp32 computed it
-    float out;
-    double dropped;
-    switch (rule) {
-      case WeightUpdate::kNearest:
-        out = round_bf16_nearest(fresh);
-        dropped = static_cast<double>(fresh) - out;
-        break;
-      case WeightUpdate::kStochastic:
-        out = round_bf16_stochastic(fresh, stochastic_bits(seed, stream, static_cast<uint64_t>(i)));
-        dropped = static_cast<double>(fresh) - out;
-        break;
-      case WeightUpdate::kKahan: {
-        const float target = old + (u + comp[i]);  // the update plus what earlier roundings dropped
-        out = round_bf16_nearest(target);
-        const float rest = target - out;  // exact: out is target's nearest neighbour
-        comp[i] = round_bf16_nearest(rest);
-        dropped = static_cast<double>(rest) - comp[i];
-        break;
-      }
+    float out, dropped;
+    if constexpr (kRule == WeightUpdate::kNearest) {
+      out = round_bf16_nearest(fresh);
+      dropped = fresh - out;
+    } else if constexpr (kRule == WeightUpdate::kStochastic) {
+      const auto index = static_cast<uint64_t>(i);
+      if (i == lo || (index & 3) == 0) bits = draw(key, index);  // one draw serves four elements
+      out = round_bf16_stochastic(fresh, quarter(bits, index));
+      dropped = fresh - out;
+    } else {
+      const float target = old + (u + comp[i]);  // the update plus what earlier roundings dropped
+      out = round_bf16_nearest(target);
+      const float rest = target - out;  // exact: out is target's nearest neighbour
+      comp[i] = round_bf16_nearest(rest);
+      dropped = rest - comp[i];
     }
     w[i] = out;
-    if (u != 0) {
-      ++s.intended;
-      if (out == old) ++s.lost;
-    }
-    s.intended_sq += static_cast<double>(u) * u;
-    s.lost_sq += dropped * dropped;
+    const bool moved_meant = u != 0;
+    intended += moved_meant;
+    lost += moved_meant & (out == old);
+    intended_sq += u * u;
+    lost_sq += dropped * dropped;
   }
+  LostUpdates s;
+  s.elements = hi - lo;
+  s.intended = intended;
+  s.lost = lost;
+  s.intended_sq = intended_sq;
+  s.lost_sq = lost_sq;
   return s;
+}
+
+LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, WeightUpdate rule,
+                       uint64_t seed, uint64_t stream) {
+  switch (rule) {
+    case WeightUpdate::kNearest: return round_span<WeightUpdate::kNearest>(w, before, comp, lo, hi, seed, stream);
+    case WeightUpdate::kStochastic: return round_span<WeightUpdate::kStochastic>(w, before, comp, lo, hi, seed, stream);
+    case WeightUpdate::kKahan: break;
+  }
+  return round_span<WeightUpdate::kKahan>(w, before, comp, lo, hi, seed, stream);
 }
 
 LostUpdates round_cpu(float* w, const float* before, float* comp, int64_t n, WeightUpdate rule, uint64_t seed,
