@@ -64,6 +64,19 @@ TEST(CliLaunchTest, ARankThatDiesEndsTheLaunchWithAClearErrorQuickly) {
   EXPECT_NE(r.err.find("mixtrain launch: failed"), std::string::npos) << r.err;
 }
 
+TEST(CliLaunchTest, StochasticRoundingDrawsTheSameBitsOnEveryRank) {
+  // bf16-pure with stochastic rounding: each rank rounds its (all-reduced, equal) update with
+  // bits drawn from the seed, the step and the element, so the ranks end bitwise identical.
+  const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) +
+                              " -- train --model mlp --limit 2048 --epochs 1 --threads 1 --bs 64 --lr 1e-4"
+                              " --precision bf16-pure --weight-update stochastic --out " +
+                              test::scratch_dir("launch_stochastic"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto crcs = crc_lines(r.out);
+  ASSERT_EQ(crcs.size(), 2u) << r.out;
+  EXPECT_EQ(crcs[0].substr(0, 14), crcs[1].substr(0, 14)) << r.out;
+}
+
 TEST(CliLaunchTest, AnOverflowOnOneRankIsSkippedByBoth) {
   // --inject-overflow-at-step puts an inf into the last rank's gradients after the all-reduce.
   const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) +

@@ -305,6 +305,24 @@ TEST_F(PureBf16Test, TheDoctorCallsAHealthyBf16PureRunHealthy) {
   EXPECT_NE(d.verdict, diagnose::Verdict::kLostUpdates) << d.report();
 }
 
+TEST_F(PureBf16Test, AnOptimizerWhoseStateItCannotRoundIsAOneLineError) {
+  NormMlp net;
+  auto dls = data::DataLoaders::from_split({test::blobs(256, 3, 8, 3), test::blobs(64, 3, 8, 4)}, 32, 11);
+  const OptimizerFactory lbfgs = [](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::LBFGS>(params, torch::optim::LBFGSOptions(lr));
+  };
+  Learner learn(Model(net), std::move(dls), cross_entropy(), LearnerOptions().progress(false).opt_func(lbfgs));
+  learn.set_precision(Precision::kBf16Pure);
+  try {
+    learn.fit(1, 1e-3);
+    ADD_FAILURE() << "bf16-pure trained with LBFGS";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.key(), "precision");
+    EXPECT_NE(std::string(e.what()).find("rounds the optimizer state of AdamW, Adam, SGD, RMSprop and Adagrad"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(PureBf16CliTest, WeightUpdateOutsideBf16PureIsOneLineAndTheRunRecordsItsMemory) {
   const std::string dir = test::fake_fashion_dir("cli_pure", 128, 32);
   const std::string out = test::scratch_dir("cli_pure_out");
