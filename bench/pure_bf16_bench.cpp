@@ -77,7 +77,7 @@ int main() {
   arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kNearest));
   arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kStochastic));
   arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kKahan));
-  for (int round = 0; round < 5; ++round)
+  for (int round = 0; round < 9; ++round)
     for (auto& arm : arms) time_fit(arm);
   const double fp32 = arms[0].best_ms, bf16 = arms[1].best_ms, nearest = arms[2].best_ms, stochastic = arms[3].best_ms,
                kahan = arms[4].best_ms;
