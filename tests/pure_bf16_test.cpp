@@ -323,6 +323,50 @@ TEST_F(PureBf16Test, AnOptimizerWhoseStateItCannotRoundIsAOneLineError) {
   }
 }
 
+/// A NormMlp trained in fp32 first (the "pretrained" model a fine-tune starts from).
+std::vector<torch::Tensor> pretrained_state() {
+  torch::manual_seed(0);
+  NormMlp net;
+  auto dls = data::DataLoaders::from_split({test::blobs(512, 3, 8, 3), test::blobs(128, 3, 8, 4)}, 32, 11);
+  Learner learn(Model(net), std::move(dls), cross_entropy(), LearnerOptions().progress(false));
+  learn.fit(1, 3e-3);
+  std::vector<torch::Tensor> state;
+  for (const auto& t : learn.model().state_tensors()) state.push_back(t.clone());
+  return state;
+}
+
+TEST_F(PureBf16Test, AFineTuneAtATinyLearningRateIsLostUpdatesAndTheDoctorJudgesItByProgress) {
+  const std::vector<torch::Tensor> start = pretrained_state();
+  // Fine-tuning data: the same task, shifted, so there is something left to learn.
+  const diagnose::LearnerFactory fine_tune = [start] {
+    NormMlp net;
+    for (size_t i = 0; i < start.size(); ++i) Model(net).state_tensors()[i].copy_(start[i]);
+    auto dls = data::DataLoaders::from_split({test::blobs(512, 3, 8, 5), test::blobs(128, 3, 8, 6)}, 32, 11);
+    return std::make_unique<Learner>(Model(net), std::move(dls), cross_entropy(), LearnerOptions().progress(false));
+  };
+  const auto d = diagnose::compare(fine_tune, diagnose::CompareOptions()
+                                                  .epochs(2)
+                                                  .lr(1e-5)
+                                                  .one_cycle(false)
+                                                  .precision(Precision::kBf16Pure)
+                                                  .max_trials(2)
+                                                  .apply_setting(run::apply_setting));
+  ASSERT_TRUE(d.evidence.fp32 && d.evidence.mixed);
+  const auto& fp32 = *d.evidence.fp32;
+  const auto& pure = *d.evidence.mixed;
+  ASSERT_TRUE(pure.lost);
+  EXPECT_GT(pure.lost->fraction, 0.9);  // almost every update of a fine-tune at 1e-5 rounds away
+  const double fp32_progress = fp32.first_loss - fp32.final_loss, pure_progress = pure.first_loss - pure.final_loss;
+  ASSERT_GT(fp32_progress, 0) << d.report();
+  // The final losses barely differ (a fine-tune moves them little): only progress from the start tells.
+  ASSERT_TRUE(d.evidence.gap_percent());
+  EXPECT_LT(*d.evidence.gap_percent(), diagnose::kGapPercentProblem) << d.report();
+  EXPECT_LT(pure_progress, 0.9 * fp32_progress) << d.report();
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kLostUpdates) << d.report();
+  ASSERT_TRUE(d.proven_fix) << d.report(run::flag_words());
+  EXPECT_LT(std::abs(*d.trials[*d.proven_fix].gap_percent), 2.0) << d.report(run::flag_words());
+}
+
 TEST(PureBf16CliTest, WeightUpdateOutsideBf16PureIsOneLineAndTheRunRecordsItsMemory) {
   const std::string dir = test::fake_fashion_dir("cli_pure", 128, 32);
   const std::string out = test::scratch_dir("cli_pure_out");
