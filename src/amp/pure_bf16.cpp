@@ -29,8 +29,7 @@ bool known_optimizer(torch::optim::Optimizer& opt) {
 /// State bytes per parameter element that each optimizer keeps in bf16 (2 bytes a tensor).
 int64_t state_tensors_per_param(torch::optim::Optimizer& opt) {
   if (dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::Adam*>(&opt)) return 2;
-  if (dynamic_cast<torch::optim::RMSprop*>(&opt)) return 1;
-  return 1;  // SGD's momentum buffer, Adagrad's sum
+  return 1;  // SGD's momentum buffer, RMSprop's square average, Adagrad's sum
 }
 
 uint64_t stream_of(int64_t step, size_t param) {
@@ -72,6 +71,7 @@ void PureBf16::prepare(Learner& learn) {
     weight_bytes += 2 * n;
     grad_bytes += 2 * n;
     state_bytes += 2 * states * n;
+    round_to_bf16_(w);  // the weights hold bf16 values from the start (a write to a bf16 weight is rounded)
     if (!w.requires_grad()) continue;  // frozen: nothing updates it, but it is stored in bf16
     Param p;
     p.name = item.key();
@@ -92,11 +92,6 @@ void PureBf16::prepare(Learner& learn) {
     }
   }
   params_ = std::move(params);
-  // The weights hold bf16 values from the start (a write to a bf16 weight is rounded).
-  for (auto& item : module.named_parameters(/*recurse=*/true)) {
-    torch::Tensor w = item.value();
-    if (!in_island.count(w.unsafeGetTensorImpl()) && w.scalar_type() == torch::kFloat) round_to_bf16_(w);
-  }
   ParamMemory m;
   m.model = weight_bytes;
   m.grads = grad_bytes;
@@ -176,6 +171,7 @@ std::optional<LostUpdateReport> PureBf16::lost_updates() const {
   if (params_.empty()) return std::nullopt;
   LostUpdateReport r;
   r.rule = weight_update_name(rule_);
+  r.keeps_dropped = rule_ != WeightUpdate::kNearest;
   LostUpdates total;
   for (const auto& p : params_) total += p.total;
   r.intended = total.intended;

@@ -13,7 +13,7 @@ namespace mixtrain::diagnose {
 std::string lost_updates_warning(const LostUpdateReport& lost) {
   // Stochastic rounding and Kahan also leave most single steps unmoved, but keep
   // the updates (in expectation, or in the compensation): only nearest loses them.
-  if (lost.rule != "nearest" || lost.intended == 0 || lost.fraction < kLostUpdatesProblem) return "";
+  if (lost.keeps_dropped || lost.intended == 0 || lost.fraction < kLostUpdatesProblem) return "";
   char line[512];
   std::string worst;
   if (!lost.worst.empty()) {

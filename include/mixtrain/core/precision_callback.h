@@ -34,6 +34,9 @@ struct ParamMemory {
 /// without an fp32 copy (bf16-pure): how many element updates rounded to no change.
 struct LostUpdateReport {
   std::string rule;                         ///< the weight update: "nearest", "stochastic", "kahan"
+  /// The rule keeps what single steps do not apply (stochastic: in expectation, kahan: in
+  /// its compensation), so a high `fraction` is no loss.
+  bool keeps_dropped = false;
   int64_t intended = 0;                     ///< element updates that were nonzero in fp32
   int64_t lost = 0;                         ///< of which the weight rounded back to its old value
   double fraction = 0;                      ///< lost / intended
