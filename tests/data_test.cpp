@@ -3,6 +3,9 @@
 
 #include <mixtrain/data/data.h>
 #include <set>
+#include <sys/stat.h>
+
+#include <filesystem>
 
 namespace {
 
@@ -66,6 +69,73 @@ TEST(IdxReaderTest, RejectsCorruptFiles) {
   flipped[whole.size() / 2] ^= 0xff;
   write_raw(dir + "/flipped.gz", flipped);
   EXPECT_THROW_WITH(data::read_idx(dir + "/flipped.gz"), "flipped.gz");
+}
+
+// As gzip reads them: members one after another, and zero padding after the last.
+TEST(IdxReaderTest, ReadsGzipMembersAndZeroPaddingAsGzipDoes) {
+  const std::string dir = test::scratch_dir("idx_members");
+  const auto bytes = idx_bytes({6, 28, 28});
+  write_gz(dir + "/a.gz", std::vector<uint8_t>(bytes.begin(), bytes.begin() + 1000));
+  write_gz(dir + "/b.gz", std::vector<uint8_t>(bytes.begin() + 1000, bytes.end()));
+  auto joined = read_raw(dir + "/a.gz");
+  const auto b = read_raw(dir + "/b.gz");
+  joined.insert(joined.end(), b.begin(), b.end());  // cat a.gz b.gz
+  write_raw(dir + "/joined.gz", joined);
+  EXPECT_TRUE(torch::equal(data::read_idx(dir + "/joined.gz"), data::parse_idx(bytes.data(), bytes.size(), false, "raw")));
+
+  auto padded = joined;
+  padded.resize(padded.size() + (3 << 20), 0);  // a 3 MB tape block of zeros
+  write_raw(dir + "/padded.gz", padded);
+  EXPECT_EQ(data::read_idx(dir + "/padded.gz").size(0), 6);
+
+  auto junk = padded;
+  junk.push_back('x');
+  write_raw(dir + "/junk.gz", junk);
+  EXPECT_THROW_WITH(data::read_idx(dir + "/junk.gz"), "neither zero padding nor another gzip member");
+}
+
+TEST(IdxReaderTest, AFileOfTheOtherKindIsNamedByItsMagic) {
+  const auto labels = idx_bytes({100});
+  EXPECT_THROW_WITH(data::parse_idx(labels.data(), labels.size(), false, "images", 3),
+                    "images has the idx magic of 1-d data (0x00000801, as label files have) but is read as 3-d data");
+  // An image file carrying the label magic: named so, not "trailing bytes".
+  auto images = idx_bytes({100, 28, 28});
+  images[3] = 1;
+  EXPECT_THROW_WITH(data::parse_idx(images.data(), images.size(), false, "images", 3), "the idx magic of 1-d data");
+  const std::string dir = fake_fashion_dir("fake_fashion_swapped", 64, 16);
+  write_gz(dir + "/t10k-images-idx3-ubyte.gz", idx_bytes({16}));
+  EXPECT_THROW_WITH(data::fashion_mnist(dir), "is it the other file of the pair?");
+}
+
+TEST(IdxReaderTest, OnlyRegularFilesAreRead) {
+  const std::string dir = test::scratch_dir("idx_special");
+  std::filesystem::create_symlink("/dev/zero", dir + "/zero.gz");
+  EXPECT_THROW_WITH(data::read_idx(dir + "/zero.gz"), "not a regular file (a device or socket)");
+  ASSERT_EQ(::mkfifo((dir + "/fifo.gz").c_str(), 0600), 0);
+  EXPECT_THROW_WITH(data::read_idx(dir + "/fifo.gz"), "not a regular file (a pipe)");  // and does not wait for a writer
+  EXPECT_THROW_WITH(data::load_tensor_file(dir + "/fifo.gz"), "not a regular file (a pipe)");
+}
+
+// The hostile tester's files: a tensor whose sizes claim more than the file's
+// storage holds for it. libtorch 1.13's unpickler builds it anyway; the first op
+// that touched it read out of bounds (a segfault). And every input the
+// tensor_file fuzzer once found stays a clean error.
+TEST(TensorFileTest, ATensorReachingPastItsStorageIsRefused) {
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file")) {
+    SCOPED_TRACE(entry.path().string());
+    const auto bytes = read_raw(entry.path().string());
+    EXPECT_THROW_WITH(data::parse_tensor_file(std::string(bytes.begin(), bytes.end()), "regression"), "regression");
+    ++seen;
+  }
+  EXPECT_GE(seen, 1);
+  EXPECT_THROW_WITH(data::load_tensor_file(MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file/rows-past-storage.pt"),
+                    "tensor 'x' of shape [300, 7] needs 8400 bytes of data but the file holds 2800 for it");
+  // The seeds (real torch.save files, a view with an offset among them) read as they are.
+  for (const auto& entry : std::filesystem::directory_iterator(MIXTRAIN_SOURCE_DIR "/fuzz/seeds/tensor_file")) {
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_GT(data::load_tensor_file(entry.path().string()).train.size(), 0);
+  }
 }
 
 TEST(FashionMnistTest, LoadsNormalizesAndChecksCounts) {

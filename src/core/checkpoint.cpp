@@ -4,6 +4,7 @@
 #include "util/archive_util.h"
 #include "util/first_line.h"
 #include "util/read_file.h"
+#include "util/tensor_bounds.h"
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/core/precision_callback.h"
 
@@ -222,6 +223,11 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
     TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what_without_backtrace()), ")");
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what()), ")");
+  }
+  // Every tensor must fit the storage the file holds before anything reads it.
+  for (const auto& key : ar.keys()) {
+    c10::IValue entry;
+    if (ar.try_read(key, entry)) detail::check_tensors_in_storage(entry, "Checkpoint " + path, key);
   }
 }
 

@@ -6,6 +6,8 @@
 
 #include "util/read_file.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -96,48 +98,93 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-/// Inflates a gzip stream held in memory.
-std::vector<uint8_t> gunzip(const uint8_t* data, size_t size, const std::string& name) {
-  TORCH_CHECK(size >= 2 && data[0] == 0x1f && data[1] == 0x8b, name, " is not a gzip file");
-  // zlib's inflate with gzip framing checks the CRC and length in the trailer,
-  // so a truncated or corrupted file is reported rather than read short.
-  z_stream zs;
-  std::memset(&zs, 0, sizeof(zs));
-  TORCH_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "zlib init failed");
-  std::vector<uint8_t> out;
-  uint8_t chunk[1 << 16];
-  zs.next_in = const_cast<uint8_t*>(data);  // zlib's API is not const-correct; it only reads
-  zs.avail_in = static_cast<uInt>(size);
-  int rc = Z_OK;
-  while (rc != Z_STREAM_END) {
-    zs.next_out = chunk;
-    zs.avail_out = sizeof(chunk);
-    rc = inflate(&zs, Z_NO_FLUSH);
-    if (rc != Z_OK && rc != Z_STREAM_END) {
-      const bool truncated = rc == Z_BUF_ERROR && zs.avail_in == 0;
-      const std::string msg = zs.msg ? zs.msg : "unknown zlib error";
-      inflateEnd(&zs);
-      TORCH_CHECK(!truncated, name, " is truncated (gzip stream ends early)");
-      TORCH_CHECK(false, name, " is corrupt (", msg, ")");
+/// Inflates gzip data fed to it in chunks, so a file is never held whole: the
+/// output is bounded by kMaxIdxBytes and the input only passes through. Reads
+/// what gzip itself reads: several members one after another (`cat a.gz b.gz`),
+/// and zero padding after the last (tape blocks; gzip ignores it too). zlib
+/// checks each member's CRC and length, so a truncated or corrupted file is
+/// reported rather than read short.
+class Gunzip {
+ public:
+  explicit Gunzip(std::string name) : name_(std::move(name)) {
+    std::memset(&zs_, 0, sizeof(zs_));
+    TORCH_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, "zlib init failed");
+  }
+  ~Gunzip() { inflateEnd(&zs_); }
+  Gunzip(const Gunzip&) = delete;
+  Gunzip& operator=(const Gunzip&) = delete;
+
+  void feed(const uint8_t* data, size_t size) {
+    if (!started_) {
+      TORCH_CHECK(size >= 2 && data[0] == 0x1f && data[1] == 0x8b, name_, " is not a gzip file");
+      started_ = true;
     }
-    out.insert(out.end(), chunk, chunk + (sizeof(chunk) - zs.avail_out));
-    if (out.size() > kMaxIdxBytes) {
-      inflateEnd(&zs);
-      TORCH_CHECK(false, name, " inflates to more than ", kMaxIdxBytes, " bytes; refusing to read it");
+    while (size > 0) {
+      if (padding_) {  // after a member: zeros, or the next member
+        while (size > 0 && *data == 0) ++data, --size, ++zeros_;
+        if (size == 0) return;
+        TORCH_CHECK(zeros_ == 0 && *data == 0x1f, name_,
+                    " has bytes after its gzip data that are neither zero padding nor another gzip member");
+        TORCH_CHECK(inflateReset(&zs_) == Z_OK, "zlib reset failed");
+        padding_ = false;
+      }
+      zs_.next_in = const_cast<uint8_t*>(data);  // zlib's API is not const-correct; it only reads
+      zs_.avail_in = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+      const size_t offered = zs_.avail_in;
+      while (zs_.avail_in > 0 && !padding_) {
+        uint8_t chunk[1 << 16];
+        zs_.next_out = chunk;
+        zs_.avail_out = sizeof(chunk);
+        const int rc = inflate(&zs_, Z_NO_FLUSH);
+        if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
+          TORCH_CHECK(false, name_, " is corrupt (", zs_.msg ? zs_.msg : "unknown zlib error", ")");
+        out_.insert(out_.end(), chunk, chunk + (sizeof(chunk) - zs_.avail_out));
+        TORCH_CHECK(out_.size() <= kMaxIdxBytes, name_, " inflates to more than ", kMaxIdxBytes, " bytes; refusing to read it");
+        if (rc == Z_STREAM_END) padding_ = true;
+        else if (rc == Z_BUF_ERROR && zs_.avail_out != 0) break;  // needs more input
+      }
+      const size_t used = offered - zs_.avail_in;
+      data += used;
+      size -= used;
     }
   }
-  inflateEnd(&zs);
-  return out;
+
+  std::vector<uint8_t> finish() {
+    TORCH_CHECK(started_, name_, " is not a gzip file (it is empty)");
+    TORCH_CHECK(padding_, name_, " is truncated (gzip stream ends early)");
+    return std::move(out_);
+  }
+
+ private:
+  std::string name_;
+  z_stream zs_;
+  std::vector<uint8_t> out_;
+  bool started_ = false;
+  bool padding_ = false;  // a member ended: what follows is zeros or another member
+  size_t zeros_ = 0;
+};
+
+std::vector<uint8_t> gunzip(const uint8_t* data, size_t size, const std::string& name) {
+  Gunzip g(name);
+  g.feed(data, size);
+  return g.finish();
 }
 
 } // namespace
 
-torch::Tensor read_idx(const std::string& path) {
-  const std::string raw = detail::read_whole_file(path);
-  return parse_idx(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(), ends_with(path, ".gz"), path);
+torch::Tensor read_idx(const std::string& path, int expected_dims) {
+  if (!ends_with(path, ".gz")) {
+    const std::string raw = detail::read_whole_file(path, "", kMaxIdxBytes + 20);
+    return parse_idx(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(), false, path, expected_dims);
+  }
+  // Streamed: a .gz padded with a gigabyte of zeros costs a chunk of memory, not a gigabyte.
+  Gunzip g(path);
+  detail::read_file_chunks(path, "", [&](const char* chunk, size_t n) { g.feed(reinterpret_cast<const uint8_t*>(chunk), n); });
+  const std::vector<uint8_t> inflated = g.finish();
+  return parse_idx(inflated.data(), inflated.size(), false, path, expected_dims);
 }
 
-torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const std::string& name) {
+torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const std::string& name, int expected_dims) {
   std::vector<uint8_t> inflated;
   if (gzipped) {
     inflated = gunzip(data, size, name);
@@ -151,6 +198,13 @@ torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const st
               " (only unsigned byte, 0x08, is supported)");
   const int ndims = bytes[3];
   TORCH_CHECK(ndims >= 1 && ndims <= 4, name, " has ", ndims, " dims (expected 1 to 4)");
+  const auto magic = [](int dims) {
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "0x%08x", 0x800 + dims);
+    return std::string(hex) + (dims == 1 ? ", as label files have" : dims == 3 ? ", as image files have" : "");
+  };
+  TORCH_CHECK(expected_dims == 0 || ndims == expected_dims, name, " has the idx magic of ", ndims, "-d data (",
+              magic(ndims), ") but is read as ", expected_dims, "-d data (", magic(expected_dims), "): is it the other file of the pair?");
   const size_t header = 4 + 4 * static_cast<size_t>(ndims);
   TORCH_CHECK(bytes.size() >= header, name, " is truncated inside its idx header");
   std::vector<int64_t> dims;
@@ -180,7 +234,7 @@ DatasetSplit fashion_mnist(const std::string& dir) {
   };
   auto load = [&](const std::string& images_file, const std::string& labels_file) {
     const std::string ip = file(images_file), lp = file(labels_file);
-    torch::Tensor images = read_idx(ip), labels = read_idx(lp);
+    torch::Tensor images = read_idx(ip, 3), labels = read_idx(lp, 1);
     TORCH_CHECK(images.dim() == 3 && images.size(1) == 28 && images.size(2) == 28, ip,
                 " does not hold 28x28 images (dims ", images.sizes(), ")");
     TORCH_CHECK(labels.dim() == 1, lp, " does not hold a 1-d label vector");

@@ -3,6 +3,7 @@
 
 #include "util/first_line.h"
 #include "util/read_file.h"
+#include "util/tensor_bounds.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -97,7 +98,10 @@ DatasetSplit split_of(const std::vector<c10::IValue>& x, const c10::IValue& y, c
 } // namespace
 
 DatasetSplit load_tensor_file(const std::string& path, uint64_t seed) {
-  const std::string bytes = detail::read_whole_file(path, "data file ");
+  return parse_tensor_file(detail::read_whole_file(path, "data file "), path, seed);
+}
+
+DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& path, uint64_t seed) {
   c10::IValue loaded;
   try {
     loaded = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
@@ -107,7 +111,12 @@ DatasetSplit load_tensor_file(const std::string& path, uint64_t seed) {
     TORCH_CHECK(why.find("Unknown opcode") == std::string::npos, path,
                 " cannot be read (", why, "); it needs a dict with 'x' and 'y' written by torch.save");
     TORCH_CHECK(false, path, " is not a file written by torch.save (", why, ")");
+  } catch (const std::exception& e) {
+    // The unpickler throws more than c10::Error on damaged input (std::out_of_range, for one).
+    TORCH_CHECK(false, path, " is not a file written by torch.save, or is damaged (", detail::first_line(e.what()), ")");
   }
+  // Before anything reads a tensor: each must fit the storage the file holds.
+  detail::check_tensors_in_storage(loaded, path);
   TORCH_CHECK(loaded.isGenericDict(), path, " holds a ", kind_of(loaded),
               ", not a dict with keys 'x', 'y' (and optionally 'valid_x', 'valid_y')");
   const auto dict = loaded.toGenericDict();

@@ -2,6 +2,7 @@
 #include "mixtrain/models/scripted_model.h"
 
 #include "util/first_line.h"
+#include "util/tensor_bounds.h"
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/compat.h"
 #include "mixtrain/models/module_scope.h"
@@ -283,6 +284,8 @@ Model load_scripted_model(const std::string& path, const std::string& output, bo
     TORCH_CHECK(false, path, " is not a TorchScript file (write one with torch.jit.script(model).save(path) ",
                 "or torch.jit.trace): ", detail::first_line(e.what()));
   }
+  // Its parameters and buffers must fit the storage the file holds before anything reads them.
+  detail::check_tensors_in_storage(c10::IValue(script._ivalue()), path);
   return scripted_model(std::move(script), output, computes_loss, path);
 }
 

@@ -119,10 +119,14 @@ struct DataLoaders {
 /// Reads an idx file (raw, or gzip-compressed when the name ends in ".gz").
 /// Only unsigned-byte data (type 0x08) is supported, as in (Fashion-)MNIST.
 /// Throws c10::Error naming the file and the problem: missing file, not gzip,
-/// truncated data, bad magic, bad dims, size mismatch, trailing bytes.
-torch::Tensor read_idx(const std::string& path);
+/// truncated data, bad magic, bad dims, size mismatch, trailing bytes. A .gz may
+/// hold several gzip members and zero padding, as gzip reads it.
+/// `expected_dims` (1 to 4; 0: any) is what the caller reads the file as: a file
+/// whose magic says otherwise (an image file with a label file's magic) is named
+/// as such before its sizes are compared.
+torch::Tensor read_idx(const std::string& path, int expected_dims = 0);
 /// The same from bytes in memory; `name` stands for the file in messages.
-torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const std::string& name);
+torch::Tensor parse_idx(const uint8_t* data, size_t size, bool gzipped, const std::string& name, int expected_dims = 0);
 
 /// Loads Fashion-MNIST from `dir` (train: 60000, valid: the 10000 test images),
 /// as float images [N,1,28,28] normalized with kFashionMnistMean/Std and int64 labels.
@@ -139,8 +143,12 @@ constexpr double kTensorFileValidFraction = 0.2;
 /// float64 inputs are read as float32 (the models' dtype). Throws c10::Error
 /// with one line naming the problem: not a torch.save file, a missing key, a
 /// value that is not a tensor, x and y of different lengths, inputs and valid
-/// inputs that differ in number.
+/// inputs that differ in number, a tensor that claims more data than the file
+/// holds for it.
 DatasetSplit load_tensor_file(const std::string& path, uint64_t seed = 42);
+
+/// load_tensor_file on a file's bytes already in memory; errors name `name`.
+DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& name, uint64_t seed = 42);
 
 /// The split load_tensor_file makes, from tensors in memory (the Python front
 /// door): `x` holds one tensor per model input; empty `valid_x` means the seeded

@@ -1,0 +1,26 @@
+#pragma once
+// Private: whether tensors read from a file stay inside their storage.
+//
+// libtorch 1.13's unpickler rebuilds a tensor from the sizes, strides and offset
+// the file states, without checking them against the storage the file holds
+// (Python's torch.load does). A file that claims 300 rows over a storage of 100
+// would then be read out of bounds by the first op that touches it. Every
+// tensor that comes from a file passes through here before anything reads it.
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
+
+namespace mixtrain::detail {
+
+/// Throws c10::Error "<what>: tensor <name> claims ... but its storage holds ..."
+/// when `t`'s sizes, strides, offset and dtype reach past its storage (or a size
+/// or stride is negative).
+void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const std::string& name);
+
+/// The same for every tensor inside `v`: lists, tuples, dicts, and the attributes
+/// of objects (a TorchScript module's parameters and submodules). Tensors are
+/// named by their path in `v` ("x", "valid_x[1]", "fc.weight").
+void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name = "");
+
+} // namespace mixtrain::detail
