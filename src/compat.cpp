@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/Context.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/Logging.h>
 #include <torch/cuda.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
@@ -140,6 +141,17 @@ torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& o
   using Key = typename std::decay_t<decltype(state)>::key_type;
   const auto it = state.find(state_key<Key>(p));
   return it == state.end() ? nullptr : it->second.get();
+}
+
+int set_torch_min_log_level(int level) {
+#ifdef C10_USE_GLOG
+  const int previous = FLAGS_minloglevel;
+  FLAGS_minloglevel = level;
+#else
+  const int previous = FLAGS_caffe2_log_level;
+  FLAGS_caffe2_log_level = level;
+#endif
+  return previous;
 }
 
 } // namespace mixtrain::compat

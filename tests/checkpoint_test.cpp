@@ -6,10 +6,12 @@
 #include <mixtrain/mixtrain.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 namespace {
@@ -137,6 +139,59 @@ TEST_F(CheckpointTest, TruncatedOrCorruptCheckpointsAreClearErrors) {
   EXPECT_THROW_WITH(learn.load(dir + "/other.pt"), "does not start with the mixtrain checkpoint header");
   EXPECT_THROW_WITH(learn.load(dir + "/missing.pt"), "Cannot open checkpoint");
   test::expect_bitwise_equal(state_of(learn), before);  // failed loads changed nothing
+}
+
+// A checkpoint whose tensor claims more than the storage the file holds for it
+// (as an edited pickle would): refused before anything reads it, and a failed
+// load changes nothing.
+TEST_F(CheckpointTest, ATensorReachingPastItsStorageIsRefused) {
+  Learner learn = make_learner(Mode::kFp32);
+  learn.fit(1, 1e-2);
+  const auto before = state_of(learn);
+  torch::Tensor weight = learn.model().module().parameters().front();
+  const std::vector<int64_t> sizes = weight.sizes().vec();
+  std::vector<int64_t> claimed = sizes;
+  claimed[0] *= 3;
+  std::string bytes;
+  {
+    torch::NoGradGuard no_grad;
+    weight.unsafeGetTensorImpl()->set_sizes_contiguous(claimed);  // the same storage, three times the rows
+    bytes = learn.save_to_memory();
+    weight.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  }
+  EXPECT_THROW_WITH(learn.load_from_memory(bytes.data(), bytes.size(), "edited.pt"),
+                    "bytes of data but the file holds");
+  test::expect_bitwise_equal(state_of(learn), before);
+}
+
+TEST_F(CheckpointTest, OnlyRegularFilesAreReadAsCheckpoints) {
+  const std::string dir = test::scratch_dir("ckpt_special");
+  Learner learn = make_learner(Mode::kFp32);
+  std::filesystem::create_symlink("/dev/zero", dir + "/zero.pt");
+  EXPECT_THROW_WITH(learn.load(dir + "/zero.pt"), "not a regular file (a device or socket)");  // not 17 GB and bad_alloc
+  ASSERT_EQ(::mkfifo((dir + "/fifo.pt").c_str(), 0600), 0);
+  EXPECT_THROW_WITH(learn.load(dir + "/fifo.pt"), "not a regular file (a pipe)");  // not blocked forever
+}
+
+// The newest complete checkpoint, whatever `latest` says; a killed writer's temp file is none.
+TEST_F(CheckpointTest, TheNewestCompleteCheckpointIsFoundWithoutLatest) {
+  const std::string dir = test::scratch_dir("ckpt_newest");
+  EXPECT_FALSE(callbacks::Checkpointer::holds_checkpoints(dir));
+  test::write_raw(dir + "/checkpoint-16.pt.tmp.999999999", {1, 2, 3});
+  test::write_raw(dir + "/latest", {'c', 'h', 'e', 'c', 'k', '\n'});
+  EXPECT_FALSE(callbacks::Checkpointer::holds_checkpoints(dir)) << "a temp file or a bare latest is no checkpoint";
+  EXPECT_EQ(callbacks::Checkpointer::latest(dir), "");
+  EXPECT_EQ(callbacks::Checkpointer::remove_dead_temp_files(dir), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/checkpoint-16.pt.tmp.999999999"));
+  // A live writer's temp file (this process's) stays.
+  test::write_raw(dir + "/checkpoint-20.pt.tmp." + std::to_string(::getpid()), {1});
+  EXPECT_EQ(callbacks::Checkpointer::remove_dead_temp_files(dir), 0);
+  Learner learn = make_learner(Mode::kFp32);
+  learn.save(dir + "/checkpoint-8.pt");
+  learn.save(dir + "/checkpoint-16.pt");
+  test::write_raw(dir + "/latest", {'c', 'h', 'e', 'c', 'k', 'p', 'o', 'i', 'n', 't', '-', '8', '.', 'p', 't', '\n'});
+  EXPECT_TRUE(callbacks::Checkpointer::holds_checkpoints(dir));
+  EXPECT_EQ(callbacks::Checkpointer::latest(dir), dir + "/checkpoint-16.pt");
 }
 
 // Inputs the fuzzer (fuzz/checkpoint_fuzz.cpp) once crashed on stay rejected cleanly.

@@ -2,12 +2,16 @@
 #include "cli_util.h"
 #include "test_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -203,6 +207,31 @@ TEST(CliRoughEdgesTest, ALaunchWhereARankGetsNoBatchIsRefused) {
                               test::scratch_dir("cli_launch_small_out"));
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_NE(r.out.find("(64 samples, 32 per rank of 2) is smaller than --bs 48"), std::string::npos) << r.out << r.err;
+}
+
+// A port another program listens on: rank 0 says so at once, and c10d's own log
+// lines ("[E socket.cpp:...] [c10d] ...") stay out of the output.
+TEST(CliRoughEdgesTest, APortInUseIsNamedAtOnce) {
+  const int port = launch_port();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  const std::string dir = test::fake_fashion_dir("cli_port_in_use", 64, 32);
+  const auto start = std::chrono::steady_clock::now();
+  const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(port) + " -- train --data " + dir +
+                              " --bs 16 --model mlp --threads 1 --timeout 20 --out " + test::scratch_dir("cli_port_in_use_out"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::close(fd);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_LT(seconds, 15);
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("rank 0 cannot host the rendezvous: port " + std::to_string(port) + " is in use"), std::string::npos) << all;
+  EXPECT_EQ(all.find("[c10d]"), std::string::npos) << all;
 }
 
 } // namespace

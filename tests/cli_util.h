@@ -1,6 +1,8 @@
 #pragma once
 // Running the mixtrain CLI from tests, as a user would: its exit code and output.
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <mixtrain/core/learner.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +15,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
+#include <unistd.h>
 #include <string>
 
 namespace mixtrain::test {
@@ -27,13 +31,15 @@ inline std::string slurp(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
-inline CliResult run_cli(const std::string& args) {
+/// `wrap` goes before the CLI's path on the shell line: "timeout 5 ", or
+/// "trap '' XFSZ; exec prlimit --fsize=N " (a full disk, as far as the run sees).
+inline CliResult run_cli(const std::string& args, const std::string& wrap = "") {
   const std::string dir = std::string(MIXTRAIN_TEST_TMP);
   std::filesystem::create_directories(dir);
   // Per-test file names: ctest may run the CLI tests in parallel.
   const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
   const std::string out = dir + "/" + name + ".out", err = dir + "/" + name + ".err";
-  const std::string cmd = std::string(MIXTRAIN_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
+  const std::string cmd = wrap + std::string(MIXTRAIN_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out), slurp(err)};
 }
@@ -63,6 +69,26 @@ inline std::map<std::string, torch::Tensor> model_tensors(const std::string& pat
     out[key] = t;
   }
   return out;
+}
+
+/// The folder the Python script tests/python/SCRIPT writes its models and data
+/// files into, run once per process (one folder per process: ctest runs tests in
+/// parallel processes, and scratch_dir empties its folder). python3-torch is
+/// installed by scripts/setup.sh; without it every test that needs the files fails, not skips.
+inline const std::string& exported_by(const std::string& script) {
+  static std::mutex mutex;
+  static std::map<std::string, std::string> done;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!python_torch_available()) ADD_FAILURE() << kNoPythonTorch;
+  const auto hit = done.find(script);
+  if (hit != done.end()) return hit->second;
+  const std::string dir = scratch_dir(script.substr(0, script.rfind('.')) + "_" + std::to_string(::getpid()));
+  if (python_torch_available()) {
+    const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) + "/tests/python/" + script + " " + dir +
+                            " > " + dir + "/export.log 2>&1";
+    if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "running " << script << " failed: " << slurp(dir + "/export.log");
+  }
+  return done[script] = dir;
 }
 
 } // namespace mixtrain::test

@@ -89,6 +89,33 @@ TEST_F(LearnerTest, BadArgumentsAreClearErrors) {
   EXPECT_THROW_WITH(empty.fit(1), "no full batch");
 }
 
+// An op that throws deep inside the model: the fit's error names the module and
+// the op (the forward runs once more, watched, to find them), and keeps the op's message.
+TEST_F(LearnerTest, AForwardErrorNamesTheModuleAndOp) {
+  struct MisfitImpl : torch::nn::Module {
+    MisfitImpl() : first(register_module("first", torch::nn::Linear(4, 3))), second(register_module("second", torch::nn::Linear(4, 3))) {}
+    torch::Tensor forward(torch::Tensor x) {
+      {
+        ModuleScope scope("first");
+        x = first(x);
+      }
+      ModuleScope scope("second");
+      return second(x);  // takes 4 features, gets 3
+    }
+    torch::nn::Linear first, second;
+  };
+  TORCH_MODULE(Misfit);
+  Learner learn(Misfit(), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  // (libtorch's C++ Linear reaches the dispatcher as aten::addmm; a TorchScript one as aten::linear.)
+  EXPECT_THROW_WITH(learn.fit(1, 1e-2), "the model's forward failed in second (aten::");
+  EXPECT_THROW_WITH(learn.fit(1, 1e-2), "): mat1 and mat2 shapes cannot be multiplied");
+  const auto site = locate_failure([&] { (void)learn.model().forward({torch::randn({2, 4})}); });
+  ASSERT_TRUE(site.has_value());
+  EXPECT_EQ(site->module, "second");
+  EXPECT_EQ(site->op.rfind("aten::", 0), 0u) << site->op;
+  EXPECT_FALSE(locate_failure([] {}).has_value());  // nothing failed: nothing to say
+}
+
 TEST_F(LearnerTest, ProgressPrintsOneLinePerEpochWhenNotATty) {
   std::ostringstream out;
   Learner learn(torch::nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));

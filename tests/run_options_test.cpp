@@ -179,6 +179,35 @@ TEST(RunOptionsTest, ErrorsCarryTheKeyAndEachFrontEndNamesItInItsWords) {
   }
 }
 
+// Scales, factors, clip norms and learning rates become fp32 tensors: a number
+// past fp32's range (or not finite) is refused by validate, before any folder
+// exists, for every numeric option of the table.
+TEST(RunOptionsTest, EveryNumberIsFiniteAndWithinFp32Range) {
+  int checked = 0;
+  for (const Option& o : options()) {
+    if (o.type != ValueType::kNumber || !o.takes(Command::kTrain)) continue;
+    for (const std::string bad : {"1e39", "-1e39", "inf", "nan"}) {
+      SCOPED_TRACE(o.key + " " + bad);
+      RunArgs a = defaults_for(Command::kTrain);
+      if (!o.modes.empty()) a.config.precision = o.modes.front();
+      try {
+        o.set(a, bad);
+        validate(a, Command::kTrain);
+        ADD_FAILURE() << "accepted";
+      } catch (const OptionError& e) {
+        EXPECT_EQ(e.key(), o.key) << e.what();
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 6);
+  for (const std::string lr : {"1e300", "1e-3,1e39", "1e-5:1e300"}) {
+    SCOPED_TRACE(lr);
+    RunArgs a = defaults_for(Command::kTrain);
+    EXPECT_THROW_WITH(find_option("lr")->set(a, lr), "must be at most 3.4e38");
+  }
+}
+
 TEST(RunOptionsTest, CommandsTakeTheirOwnOptionsAndWarnAboutOnesThatDoNothing) {
   for (const char* train_only : {"resume", "save_best", "split_at", "comm_dtype", "epochs", "lr"})
     EXPECT_FALSE(find_option(train_only)->takes(Command::kLrFind)) << train_only;

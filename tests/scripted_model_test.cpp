@@ -19,20 +19,7 @@ using test::expect_usage_error;
 using test::run_cli;
 
 /// The models and data files tests/python/export_models.py writes, exported once per process.
-const std::string& exported() {
-  // One folder per process: ctest runs tests in parallel processes, and scratch_dir empties its folder.
-  static const std::string dir = test::scratch_dir("exported_models_" + std::to_string(::getpid()));
-  // python3-torch is installed by scripts/setup.sh; without it every test that needs these models fails, not skips.
-  if (!test::python_torch_available()) ADD_FAILURE() << test::kNoPythonTorch;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (!test::python_torch_available()) return;
-    const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) +
-                            "/tests/python/export_models.py " + dir + " > " + dir + "/export.log 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << "exporting the test models failed: " << test::slurp(dir + "/export.log");
-  });
-  return dir;
-}
+const std::string& exported() { return test::exported_by("export_models.py"); }
 
 std::string file(const std::string& name) { return exported() + "/" + name; }
 

@@ -34,5 +34,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 /// The optimizer's state for parameter `p`, or nullptr before its first step.
 /// (libtorch keys the state by the parameter's TensorImpl, as text in 1.13.)
 torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p);
+/// Sets the lowest severity libtorch's own log lines print (0 info, 1 warning,
+/// 2 error, 3 fatal) and returns the previous one: glog's minloglevel where
+/// libtorch logs through glog (Debian's 1.13), c10's caffe2_log_level elsewhere.
+int set_torch_min_log_level(int level);
 
 } // namespace mixtrain::compat

@@ -17,6 +17,7 @@
 
 #include "mixtrain/models/loss.h"
 #include "mixtrain/models/model.h"
+#include "mixtrain/models/failure_site.h"
 #include "mixtrain/models/module_scope.h"
 #include "mixtrain/models/norm_layer.h"
 #include "mixtrain/models/scripted_model.h"

@@ -4,6 +4,9 @@
 #include "mixtrain/core/learner.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -19,20 +22,51 @@ Checkpointer::Checkpointer(CheckpointerOptions options) : options_(std::move(opt
   order = 90;
 }
 
-bool Checkpointer::holds_checkpoints(const std::string& dir) {
-  std::error_code ec;
-  if (fs::exists(fs::path(dir) / "latest", ec)) return true;
-  if (!fs::is_directory(dir, ec)) return false;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.path().filename().string().rfind("checkpoint-", 0) == 0) return true;
-  return false;
+namespace {
+
+const std::regex& checkpoint_name() {
+  static const std::regex pattern(R"(checkpoint-(\d{1,18})\.pt)");
+  return pattern;
 }
 
+/// The complete checkpoints of `dir`, newest (highest step) first.
+std::vector<std::pair<int64_t, fs::path>> checkpoints_in(const std::string& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (!std::regex_match(file, m, checkpoint_name()) || !entry.is_regular_file(ec)) continue;
+    found.emplace_back(std::stoll(m[1]), entry.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return found;
+}
+
+} // namespace
+
+bool Checkpointer::holds_checkpoints(const std::string& dir) { return !checkpoints_in(dir).empty(); }
+
 std::string Checkpointer::latest(const std::string& dir) {
-  std::ifstream f(dir + "/latest");
-  std::string name;
-  if (!f || !std::getline(f, name) || name.empty()) return "";
-  return dir + "/" + name;
+  const auto found = checkpoints_in(dir);
+  return found.empty() ? "" : dir + "/" + found.front().second.filename().string();
+}
+
+int Checkpointer::remove_dead_temp_files(const std::string& dir) {
+  static const std::regex temp(R"(.+\.tmp\.(\d{1,9}))");  // write_file_atomically's NAME.tmp.PID
+  int removed = 0;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (!std::regex_match(file, m, temp) || !entry.is_regular_file(ec)) continue;
+    const auto pid = static_cast<pid_t>(std::stol(m[1]));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer may still be at work
+    if (fs::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 std::string Checkpointer::save(Learner& learn) {
@@ -43,20 +77,16 @@ std::string Checkpointer::save(Learner& learn) {
   last_path_ = options_.dir() + "/" + name;
   if (options_.keep() == 0) return last_path_;
   // Keep the newest `keep` by step number; the one just written is always among them.
-  static const std::regex pattern(R"(checkpoint-(\d+)\.pt)");
-  std::vector<std::pair<int64_t, fs::path>> found;
-  for (const auto& entry : fs::directory_iterator(options_.dir())) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, m, pattern)) found.emplace_back(std::stoll(m[1]), entry.path());
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = static_cast<size_t>(options_.keep()); i < found.size(); ++i) fs::remove(found[i].second);
+  const auto found = checkpoints_in(options_.dir());
+  std::error_code ec;
+  for (size_t i = static_cast<size_t>(options_.keep()); i < found.size(); ++i) fs::remove(found[i].second, ec);
   return last_path_;
 }
 
 void Checkpointer::after_batch(Learner& learn) {
-  if (!learn.training() || !options_.stop() || !options_.stop()->load()) return;
+  if (!learn.training()) return;
+  if (options_.armed()) options_.armed()->store(true);
+  if (!options_.stop() || !options_.stop()->load()) return;
   save(learn);
   interrupted_ = true;
   throw CancelFitException();

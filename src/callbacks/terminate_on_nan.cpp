@@ -48,21 +48,38 @@ void TerminateOnNaN::judge(Learner& learn, bool scaled) {
   if (scaled && bad_in_a_row_ <= max_bad_steps_) return;  // the scaler skipped this step
 
   // Stop. The weights are the last good ones only if they are finite: a step
-  // may already have made them inf/NaN.
+  // may already have made them inf/NaN. Buffers (BatchNorm's running statistics)
+  // are told apart: non-finite inputs reach them in the forward, with every
+  // parameter still finite.
   triggered_ = true;
-  bool weights_finite = true;
+  const auto nonfinite = [](const torch::Tensor& t) {
+    return t.defined() && t.is_floating_point() && !torch::isfinite(t).all().item<bool>();
+  };
+  bool params_finite = true;
+  std::string bad_buffers;
   {
     torch::NoGradGuard no_grad;
-    for (const auto& t : learn.model().state_tensors())
-      if (t.is_floating_point() && !torch::isfinite(t).all().item<bool>()) weights_finite = false;
+    for (const auto& p : learn.model().module().parameters()) params_finite = params_finite && !nonfinite(p);
+    for (const auto& kv : learn.model().module().named_buffers())
+      if (nonfinite(kv.value())) bad_buffers += (bad_buffers.empty() ? "" : ", ") + kv.key();
   }
+  bool inputs_finite = true;
+  for (const auto& x : learn.batch().inputs()) inputs_finite = inputs_finite && !nonfinite(x);
+  const std::string buffers_note =
+      bad_buffers.empty() ? "" : "; the buffers " + bad_buffers + " are not" +
+                                     (inputs_finite ? "" : " (the batch's non-finite inputs reached them)");
   std::string where = "no checkpoint written (no run directory)";
   if (checkpointer_)
-    where = (weights_finite ? "last good state saved to "
-                            : "the weights are already non-finite (an earlier step made them so); that state "
-                              "saved, for inspection only, to ") +
+    where = (params_finite && bad_buffers.empty() ? std::string("last good state saved to ")
+             : params_finite                       ? "the parameters are finite" + buffers_note + "; that state saved to "
+                           : "the weights are already non-finite (an earlier step made them so); that state "
+                             "saved, for inspection only, to ") +
             checkpointer_->save(learn);
-  if (scaled)
+  if (!inputs_finite)
+    message_ = "the loss became " + std::string(std::isnan(loss) ? "NaN" : "inf") + " at step " +
+               std::to_string(learn.train_iter()) + ": this batch's inputs hold NaN/inf; " + where +
+               ". Clean or impute the data (the run said how many values before it started)";
+  else if (scaled)
     message_ = "the loss was NaN/inf for " + std::to_string(bad_in_a_row_) +
                " consecutive steps despite loss scaling (at step " + std::to_string(learn.train_iter()) + "); " +
                where + ". The fp16 forward pass likely overflows (> 65504): normalize the inputs, find the "

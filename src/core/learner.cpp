@@ -2,9 +2,11 @@
 
 #include "mixtrain/callbacks/progress.h"
 #include "mixtrain/util/host_read.h"
+#include "mixtrain/models/failure_site.h"
 #include "mixtrain/models/norm_layer.h"
 #include "mixtrain/util/option_error.h"
 
+#include <torch/csrc/jit/runtime/jit_exception.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim.h>
 #include <torch/utils.h>
@@ -355,7 +357,26 @@ void Learner::one_batch(int64_t i, const data::Batch& b) {
 }
 
 void Learner::do_one_batch() {
-  pred_ = model_.forward(model_.inputs_for(batch_));
+  const ModelInputs inputs = model_.inputs_for(batch_);
+  try {
+    pred_ = model_.forward(inputs);
+  } catch (const OptionError&) {
+    throw;  // an option that does not fit what the model returns: it names itself
+  } catch (const std::exception& e) {
+    // libtorch's errors, and TorchScript's (a `raise` in the model is a JITException). A
+    // C++ model's own exception types pass as they are: their caller may catch them.
+    if (!dynamic_cast<const c10::Error*>(&e) && !dynamic_cast<const torch::jit::JITException*>(&e)) throw;
+    // The error names neither the op nor the module (a TorchScript model's says
+    // only "The following operation failed in the TorchScript interpreter"): the
+    // forward runs once more, watched, to say where. Not for a lack of memory,
+    // which a second forward would only meet again.
+    const std::string cause = innermost_message(e);
+    if (cause.find("out of memory") != std::string::npos) throw;
+    const auto site = locate_failure([&] { (void)model_.forward(inputs); });
+    const std::string source = source_line_of(e);
+    TORCH_CHECK(false, "the model's forward failed", site ? " in " + site->str() : source.empty() ? "" : " at " + source,
+                ": ", cause);
+  }
   run(Event::after_pred);
   loss_grad_ = loss_fn_(pred_, batch_.y);
   loss_ = loss_grad_.detach().clone();

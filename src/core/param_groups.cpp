@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <sstream>
 
@@ -47,6 +48,8 @@ double parse_number(const std::string& part, const std::string& text) {
 
 void check_positive(double lr) {
   check_option(lr > 0 && std::isfinite(lr), "lr", lr, "must be > 0");
+  // The optimizer and the schedule compute in fp32 tensors too: a larger lr is no number there.
+  check_option(lr <= std::numeric_limits<float>::max(), "lr", lr, "must be at most 3.4e38 (fp32's largest)");
 }
 
 } // namespace

@@ -8,7 +8,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "mixtrain/compat.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace mixtrain::distributed {
@@ -25,6 +33,31 @@ int env_int(const char* name, int fallback, int lo, int hi) {
               "' (expected an integer from ", lo, " to ", hi, ")");
   return static_cast<int>(n);
 }
+
+/// Whether another process listens on `port` already (rank 0 could not host the
+/// store there). Binds as c10d's server does, dual-stack with SO_REUSEADDR, so a
+/// port in TIME_WAIT from an earlier run is not mistaken for one in use.
+bool port_in_use(int port) {
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;  // no IPv6 here: let c10d say what it finds
+  const int on = 1, off = 0;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_any;
+  addr.sin6_port = htons(static_cast<uint16_t>(port));
+  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
+
+/// libtorch's own log lines ("[E socket.cpp:462] [c10d] ...") stay out of the
+/// output while the group connects: what failed is the one-line error's to say.
+struct QuietTorchLogs {
+  int previous = mixtrain::compat::set_torch_min_log_level(3);
+  ~QuietTorchLogs() { mixtrain::compat::set_torch_min_log_level(previous); }
+};
 
 } // namespace
 
@@ -90,6 +123,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const Env& env, std::chrono:
   store_options.isServer = env.rank == 0;
   store_options.numWorkers = env.world_size;
   store_options.timeout = timeout;
+  TORCH_CHECK(env.rank != 0 || !port_in_use(env.master_port), "rank 0 cannot host the rendezvous: port ", env.master_port,
+              " is in use (another run, or another program?); pick a free one with mixtrain launch --master-port P, or MASTER_PORT");
+  const QuietTorchLogs quiet;
   try {
     impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);

@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -43,6 +44,53 @@ void check_monitor(Learner& learn, const std::string& monitor) {
                                    "' (choices: " + callbacks::monitorable_list(learn.recorder()) + ")");
 }
 
+/// Keeps the run's configuration in every checkpoint, so that a resume can tell
+/// that args.json still describes the run the checkpoint continues.
+class RunRecord : public Callback {
+ public:
+  explicit RunRecord(std::string json) : json_(std::move(json)) {}
+  std::string name() const override { return "RunRecord"; }
+  std::string state_key() const override { return kKey; }
+  void save_state(torch::serialize::OutputArchive& ar) const override { ar.write("args", c10::IValue(json_)); }
+
+  static constexpr const char* kKey = "run_config";
+
+ private:
+  std::string json_;
+};
+
+/// The configuration a checkpoint was trained with, or nullopt for a checkpoint
+/// of an older version (it holds none).
+std::optional<RunConfig> recorded_config(const std::string& checkpoint) {
+  torch::serialize::InputArchive ar, record;
+  Learner::open_checkpoint(checkpoint, ar);
+  if (!ar.try_read(std::string("callback.") + RunRecord::kKey, record)) return std::nullopt;
+  c10::IValue json;
+  TORCH_CHECK(record.try_read("args", json) && json.isString(), "Checkpoint ", checkpoint, " has a damaged run record");
+  try {
+    return RunConfig::from_json(json.toStringRef());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "Checkpoint ", checkpoint, " has a damaged run record (", e.msg(), ")");
+  }
+}
+
+/// A resume continues the run in the checkpoint: args.json may not have been
+/// changed to another run since (only --threads may differ).
+void check_same_run(const RunConfig& trained, const RunConfig& now, const std::string& folder) {
+  RunArgs was, is;
+  was.config = trained;
+  is.config = now;
+  for (const Option& o : options()) {
+    if (!o.stored || o.key == "threads") continue;
+    const std::string before = o.get(was), after = o.get(is);
+    if (before == after) continue;
+    throw OptionError(o.key, "cannot resume " + folder + ": args.json sets " + Phrase::setting(o.key, after) +
+                                 " but its checkpoints were trained with " + Phrase::setting(o.key, before) +
+                                 "; a resume continues that run (put args.json back, or start a new run with " +
+                                 Phrase::name("out") + ")");
+  }
+}
+
 /// The new run's folder: refuses one that holds another run's checkpoints (unless
 /// forced), then creates it and records the configuration.
 void start_folder(RunArgs& a, int world_size) {
@@ -56,6 +104,7 @@ void start_folder(RunArgs& a, int world_size) {
                                    ", or pass " + Phrase::name("force") + " to start over there");
   folder.prepare();
   folder.clear_finished();
+  folder.clear_checkpoints();  // forced: the old run's checkpoints are not this run's to resume from
   RunConfig recorded = a.config;
   recorded.ranks = world_size;
   folder.write_config(recorded);
@@ -104,12 +153,18 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
 
   const auto split = load_split(a, env.world_size);  // data problems are reported before the run folder is created
   std::string checkpoint;
+  std::optional<RunConfig> trained;  // what the checkpoint resumed from was trained with
   if (!a.resume.empty()) {
     if (r.ranks != env.world_size)
       TORCH_CHECK(false, "cannot resume ", a.out, " with ", env.world_size, " rank(s): it was trained by ", r.ranks,
                   "; resume with: ", train_command(r.ranks), " --resume ", a.out);
-    checkpoint = RunFolder(a.out).latest_checkpoint();
-    TORCH_CHECK(!checkpoint.empty(), "cannot resume ", a.out, ": it holds no checkpoint (no ", a.out, "/latest)");
+    const RunFolder resumed(a.out);
+    resumed.remove_dead_temp_files();
+    checkpoint = resumed.latest_checkpoint();
+    TORCH_CHECK(!checkpoint.empty(), "cannot resume ", a.out,
+                ": it holds no complete checkpoint (the run stopped before its first one landed); start it again with: ",
+                train_command(r.ranks), " --out ", a.out, " and the flags in ", a.out, "/args.json");
+    if ((trained = recorded_config(checkpoint))) check_same_run(*trained, r, a.out);
   }
   // The model, its fit to the data and the precision (fp32 islands name its modules)
   // are checked before the run folder is written.
@@ -133,9 +188,19 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
     learn.add_cb(data_parallel);
   }
   // Data-parallel ranks stop on the agreed request, at the same batch on every rank.
-  auto checkpointer = std::make_shared<callbacks::Checkpointer>(
-      callbacks::CheckpointerOptions(a.out).every(r.save_every).keep(r.keep).stop(group ? stop.agreed : stop.requested).write(writer));
+  auto checkpointer = std::make_shared<callbacks::Checkpointer>(callbacks::CheckpointerOptions(a.out)
+                                                                    .every(r.save_every)
+                                                                    .keep(r.keep)
+                                                                    .stop(group ? stop.agreed : stop.requested)
+                                                                    .armed(stop.armed)
+                                                                    .write(writer));
   learn.add_cb(checkpointer);
+  // A checkpoint of an older version holds no run record: its resume goes on without one.
+  if (checkpoint.empty() || trained) {
+    RunConfig recorded = r;
+    recorded.ranks = env.world_size;
+    learn.add_cb(std::make_shared<RunRecord>(recorded.to_json()));
+  }
   // Testing aids act on the last rank only: the others must learn of it through the group.
   const bool last_rank = env.rank == env.world_size - 1;
   if (a.interrupt_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<testing::RaiseSigintAt>(a.interrupt_at_step));
@@ -177,7 +242,19 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
       std::cout << "mixtrain train: unigram baseline perplexity " << data::unigram_perplexity(split)
                 << " (a model that ignores context)" << std::endl;
   }
-  learn.fit_one_cycle(r.epochs, r.lr);
+  // A file that cannot be written (a full disk) ends the run with what is intact and how to go on.
+  const auto write_failed = [&](const FileWriteError& e, const std::string& what) {
+    const std::string newest = folder.latest_checkpoint();
+    TORCH_CHECK(false, e.msg(), what,
+                newest.empty() ? "; no checkpoint has landed yet, so the run starts again from step 0 once there is room"
+                               : "; the newest checkpoint " + newest + " is intact: make room, then resume with: " +
+                                     train_command(env.world_size) + " --resume " + a.out);
+  };
+  try {
+    learn.fit_one_cycle(r.epochs, r.lr);
+  } catch (const FileWriteError& e) {
+    write_failed(e, "");
+  }
 
   TrainResult result;
   result.folder = a.out;
@@ -202,10 +279,14 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
                 learn.model().state_crc32(), static_cast<long long>(learn.recorder().skipped_steps()),
                 1000 * data_parallel->comm_seconds() / std::max<int64_t>(1, data_parallel->comm_steps()));
   if (writer) {
-    // A finished run is not resumable into a retrain from an older checkpoint.
-    folder.mark_finished(r.epochs);
-    folder.write_model(learn.model(), r.model);
-    result.charts = folder.write_charts(learn.recorder());
+    try {
+      folder.write_model(learn.model(), r.model);
+      // A finished run is not resumable into a retrain from an older checkpoint.
+      folder.mark_finished(r.epochs);
+      result.charts = folder.write_charts(learn.recorder());
+    } catch (const FileWriteError& e) {
+      write_failed(e, " after the last epoch (model.pt is not written)");
+    }
     if (a.report_files)
       std::printf("%s; run written to %s (trained model: model.pt)\n", metrics_line(learn).c_str(), a.out.c_str());
     else
@@ -221,11 +302,12 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   const int threads = configure_threads(r.threads, thread_policy(r));
   torch::manual_seed(r.seed);
   const auto split = load_split(a, /*world_size=*/1);
+  // The model's fit to the data is checked before the folder is created.
+  const auto learner = build_learner(a, split, /*progress=*/false);
+  set_precision(*learner, r);
   if (a.out.empty()) a.out = RunFolder::default_path("lr_find-");
   const RunFolder folder(a.out);
   folder.prepare();
-  const auto learner = build_learner(a, split, /*progress=*/false);
-  set_precision(*learner, r);
   if (stop.requested) learner->add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
   const LrFindOptions& o = a.lr_find;
   const int64_t batches = learner->dls().train.num_batches();
@@ -270,6 +352,8 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
   const auto split = load_split(a, /*world_size=*/1);
   // A bad island is an error before the baseline trains.
   if (!r.precision_options.keep_fp32().empty()) amp::check_islands(r.precision_options.keep_fp32(), build_model(a).module());
+  // So is the model's fit to both splits, before the folder is created (the runs build their own).
+  (void)build_learner(a, split, /*progress=*/false);
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
   const RunFolder folder(a.out);
   folder.prepare();

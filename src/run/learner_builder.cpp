@@ -1,18 +1,19 @@
 #include "mixtrain/run/learner_builder.h"
 
-#include "util/first_line.h"
 #include "mixtrain/amp/precision_options.h"
 #include "mixtrain/callbacks/gradient_accumulation.h"
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/util/option_error.h"
 #include "mixtrain/run/model_registry.h"
+#include "mixtrain/models/failure_site.h"
 #include "mixtrain/models/scripted_model.h"
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 
 namespace mixtrain::run {
 
@@ -48,6 +49,28 @@ void apply_param_groups(const RunConfig& r, Learner& learn) {
   learn.freeze_to(r.freeze_to);
 }
 
+/// NaN or inf in the inputs trains nothing useful and says so only as a NaN loss
+/// (or, in the validation set, a "valid loss nan" at the end): said before training.
+void warn_nonfinite_inputs(const data::DatasetSplit& split) {
+  for (const auto& [which, d] : {std::pair<const char*, const data::Dataset*>{"training", &split.train},
+                                 {"validation", &split.valid}}) {
+    int64_t bad = 0, values = 0;
+    std::vector<torch::Tensor> inputs{d->x};
+    inputs.insert(inputs.end(), d->extra_x.begin(), d->extra_x.end());
+    for (const auto& x : inputs) {
+      if (!x.defined() || !x.is_floating_point()) continue;
+      bad += (~torch::isfinite(x)).sum().item<int64_t>();
+      values += x.numel();
+    }
+    if (bad == 0) continue;
+    std::cerr << "mixtrain: warning: the " << which << " inputs hold " << bad << " NaN/inf value" << (bad == 1 ? "" : "s")
+              << " (of " << values << "): "
+              << (std::string(which) == "training" ? "a batch holding one makes the loss NaN"
+                                                   : "the validation loss and metrics will be NaN")
+              << std::endl;
+  }
+}
+
 } // namespace
 
 data::DatasetSplit load_split(const RunArgs& a, int world_size) {
@@ -65,6 +88,7 @@ data::DatasetSplit load_split(const RunArgs& a, int world_size) {
                                    std::to_string(per_rank / r.bs) + " batches of an epoch" +
                                    (each.empty() ? "" : " (" + each.substr(2) + ")") + ": no optimizer step would run");
   TORCH_CHECK(split.valid.size() > 0, "the validation set is empty");
+  warn_nonfinite_inputs(split);
   return split;
 }
 
@@ -106,7 +130,24 @@ std::vector<Metric> metrics_for(const RunConfig& r, const data::DatasetSplit& sp
   return {};  // mse: the validation loss says it
 }
 
-torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, const data::Dataset& train) {
+void check_class_targets(const RunConfig& r, const torch::Tensor& probe, const data::DatasetSplit& split) {
+  if (r.loss != LossKind::kCrossEntropy || !probe.defined() || probe.dim() < 2) return;
+  const int64_t classes = probe.size(-1);
+  for (const auto& [which, d] : {std::pair<const char*, const data::Dataset*>{"training", &split.train},
+                                 {"validation", &split.valid}}) {
+    if (!d->y.defined() || d->y.is_floating_point() || d->y.numel() == 0) continue;
+    const torch::Tensor kept = d->y.masked_select(d->y.ne(-100));  // cross_entropy's ignore_index
+    if (kept.numel() == 0) continue;
+    const int64_t lo = kept.min().item<int64_t>(), hi = kept.max().item<int64_t>();
+    if (lo >= 0 && hi < classes) continue;
+    throw OptionError("data", Phrase(std::string("the ") + which + " targets hold the class " + std::to_string(lo < 0 ? lo : hi) +
+                                     ", but the model's output has " + std::to_string(classes) + " classes (0 to " +
+                                     std::to_string(classes - 1) + "; -100 is ignored)"));
+  }
+}
+
+torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, const data::Dataset& train,
+                                    const std::string& which) {
   const data::Batch probe = data::Batch::head_of(train, 2);
   torch::NoGradGuard no_grad;
   model.module().eval();
@@ -119,11 +160,14 @@ torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, c
     model.module().train();
     throw;
   } catch (const std::exception& e) {
+    // Where it failed, when the error does not say (a TorchScript traceback names no module).
+    const auto site = locate_failure([&] { (void)model.forward(model.inputs_for(probe)); });  // nullopt: the loss failed
     model.module().train();
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     // A Python caller gets a ValueError: it is the data (or the model) that is wrong, not the run.
-    throw OptionError("data", Phrase("the model does not run on the data: " +
-                                     detail::torch_error_cause(c10_error ? c10_error->what_without_backtrace() : e.what())));
+    const std::string source = source_line_of(e);
+    throw OptionError("data", Phrase("the model does not run on " + which +
+                                     (site ? " (in " + site->str() + ")" : source.empty() ? "" : " (at " + source + ")") +
+                                     ": " + innermost_message(e)));
   }
   model.module().train();
   return pred;
@@ -134,6 +178,8 @@ std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSpli
   Model model = build_model(a);
   LossFn loss = r.loss == LossKind::kModel ? model_loss(model) : loss_for(r.loss);
   const torch::Tensor probe = check_model_fits_data(model, loss, split.train);
+  check_class_targets(r, probe, split);
+  check_model_fits_data(model, loss, split.valid, "the validation data");
   auto options = LearnerOptions().metrics(metrics_for(r, split, probe)).progress(progress).wd_bn_bias(r.wd_bn_bias);
   // A split point that names no layer is an OptionError("split_at") from the constructor (the splitter runs there).
   if (!r.split_at.empty()) options.splitter(split_at(split_names(r.split_at)));

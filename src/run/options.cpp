@@ -197,7 +197,7 @@ std::vector<Option> make_table() {
                     a.config.seed = v;
                   }));
   add(Def("limit", "--limit", ValueType::kInt, kT | kD | kL,
-          "Train on the first N training samples only (>= 1; default: all)")
+          "Train on the first N training samples only (>= 1; default, or -1: all)")
           .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(limit)));
   add(Def("threads", "--threads", ValueType::kInt, kT | kD | kL,
           "Threads in all (0: all cores), placed as --thread-policy says")
@@ -333,11 +333,22 @@ std::vector<Option> make_table() {
           "runs/<timestamp>)")
           .in(Command::kDoctor, "Directory for diagnosis.json, loss.svg and scale.svg (default: runs/doctor-<timestamp>)")
           .in(Command::kLrFind, "Directory for lr_find.svg and lr_find.csv (default: runs/lr_find-<timestamp>)")
-          .no_default().not_keyword().field<std::string>(MIXTRAIN_ARGS(out)));
+          .no_default().not_keyword()
+          .access([](const RunArgs& a) { return a.out; },
+                  [](RunArgs& a, const std::string& t) {
+                    // Not the default folder in disguise: an empty name is a mistake (an unset shell variable).
+                    if (t.empty()) throw OptionError("out", "an empty " + Phrase::name("out") + ": name a folder, or leave it out for runs/<timestamp>");
+                    a.out = t;
+                  }));
   add(Def("resume", "--resume", ValueType::kText, kT,
-          "Continue the run in OUT_DIR from its latest checkpoint, with the run's own flags (OUT_DIR/args.json)")
-          .no_default().not_keyword().field<std::string>(MIXTRAIN_ARGS(resume)));
-  add(Def("force", "--force", ValueType::kSwitch, kT, "Start a new run in an --out directory that already holds checkpoints")
+          "Continue the run in OUT_DIR from its newest complete checkpoint, with the run's own flags (OUT_DIR/args.json)")
+          .no_default().not_keyword()
+          .access([](const RunArgs& a) { return a.resume; },
+                  [](RunArgs& a, const std::string& t) {
+                    if (t.empty()) throw OptionError("resume", "an empty " + Phrase::name("resume") + ": name the run folder to continue");
+                    a.resume = t;
+                  }));
+  add(Def("force", "--force", ValueType::kSwitch, kT, "Start a new run in an --out directory that already holds checkpoints (the old run's checkpoints are removed)")
           .no_default().field<bool>(MIXTRAIN_ARGS(force)));
   add(Def("timeout", "--timeout", ValueType::kNumber, kT,
           "Data parallel: seconds to wait for the other ranks, at the rendezvous and in every collective")
@@ -438,7 +449,11 @@ void validate(const RunArgs& args, Command command) {
     if (o.type != ValueType::kInt && o.type != ValueType::kNumber) continue;
     const std::string text = o.get(args);
     const double v = std::strtod(text.c_str(), nullptr);
-    if (o.type == ValueType::kNumber) check_option(std::isfinite(v), o.key, text, "must be a finite number");
+    if (o.type == ValueType::kNumber) {
+      check_option(std::isfinite(v), o.key, text, "must be a finite number");
+      // Scales, factors and clip norms become fp32 tensors: a value past fp32's range is inf there.
+      check_option(std::fabs(v) <= std::numeric_limits<float>::max(), o.key, text, "must be at most 3.4e38 (fp32's largest)");
+    }
     if (o.min) check_option(o.min_excluded ? v > *o.min : v >= *o.min, o.key, text, "must be " + o.limit());
   }
   check_option(r.limit == -1 || r.limit >= 1, "limit", r.limit, "must be >= 1");

@@ -40,6 +40,16 @@ void RunFolder::prepare() const {
 
 bool RunFolder::holds_checkpoints() const { return callbacks::Checkpointer::holds_checkpoints(path_); }
 
+void RunFolder::clear_checkpoints() const {
+  remove_dead_temp_files();
+  std::error_code ec;
+  for (std::string checkpoint; !(checkpoint = latest_checkpoint()).empty();)
+    if (!fs::remove(checkpoint, ec)) throw OptionError("force", "cannot remove the old run's " + checkpoint + ": " + ec.message());
+  fs::remove(file("latest"), ec);
+}
+
+void RunFolder::remove_dead_temp_files() const { callbacks::Checkpointer::remove_dead_temp_files(path_); }
+
 std::string RunFolder::latest_checkpoint() const { return callbacks::Checkpointer::latest(path_); }
 
 bool RunFolder::finished() const { return static_cast<bool>(std::ifstream(file("finished"))); }

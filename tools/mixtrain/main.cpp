@@ -4,6 +4,7 @@
 // live in libmixtrain. What is left here is the terminal: flags, signals, exit
 // codes and the one-line errors.
 #include <mixtrain/util/option_error.h>
+#include <mixtrain/models/failure_site.h>
 #include <mixtrain/run/commands.h>
 
 #include "cli_options.h"
@@ -23,12 +24,17 @@ namespace run = mixtrain::run;
 
 namespace {
 
-// ---- Interrupts: the first SIGINT/SIGTERM asks for a checkpoint after the
-// current batch; a second one exits at once.
+// ---- Interrupts: once the first training step has ended, the first SIGINT/SIGTERM
+// asks for a checkpoint after the current batch; a second one exits at once.
+// Before that there is nothing to save, so a signal exits at once with its own
+// code (128 + the signal): a forward that never returns cannot hold a
+// supervisor's single SIGTERM hostage.
 std::atomic<bool> g_stop_requested{false};
 std::atomic<bool> g_stop_agreed{false};  // data parallel: the request, agreed by all ranks
+std::atomic<bool> g_stop_armed{false};   // a stop would be saved (run::StopFlags::armed)
 
-extern "C" void on_stop_signal(int) {
+extern "C" void on_stop_signal(int sig) {
+  if (!g_stop_armed.load()) ::_exit(128 + sig);
   if (g_stop_requested.exchange(true)) ::_exit(kExitInterrupted);
 }
 
@@ -66,7 +72,7 @@ int run_train(const GivenFlags& given) {
   const run::RunArgs args = train_args(given);
   if (!given.has("resume")) warn_ignored(args, given);
   install_stop_handlers();
-  const run::TrainResult r = run::train(args, {&g_stop_requested, &g_stop_agreed});
+  const run::TrainResult r = run::train(args, {&g_stop_requested, &g_stop_agreed, &g_stop_armed});
   switch (r.end) {
     case run::TrainResult::End::kFinished:
       return 0;
@@ -137,6 +143,15 @@ int main(int argc, char** argv) {
       if (argc > 1 && std::string(argv[1]) == s->app->get_name())
         reject_foreign_flags(s->command, std::vector<std::string>(argv + 2, argv + argc));
     app.parse(cli_argc, argv);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--bs: At Most 1 required but received 2" for a flag given twice.
+    const std::string what = e.what();
+    const std::string flag = what.substr(0, what.find(':'));
+    const bool named = flag.rfind("--", 0) == 0;
+    print_error(named && what.find("At Most") != std::string::npos ? flag + " is given more than once; give it once"
+                : named && what.find("missing") != std::string::npos ? flag + " needs a value (see mixtrain --help)"
+                                                                     : what + " (see mixtrain --help)");
+    return kExitError;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     print_error(std::string(e.what()) + " (see mixtrain --help)");
@@ -168,9 +183,9 @@ int main(int argc, char** argv) {
   } catch (const mixtrain::OptionError& e) {
     print_error(e.message(run::flag_words()));
   } catch (const c10::Error& e) {
-    print_error(e.what_without_backtrace());
+    print_error(mixtrain::innermost_message(e));  // a TorchScript traceback's own error, not its header
   } catch (const std::exception& e) {
-    print_error(e.what());
+    print_error(mixtrain::innermost_message(e));
   }
   return kExitError;
 }

@@ -13,6 +13,8 @@ namespace mixtrain::callbacks {
 
 /// A flag a signal handler sets to ask for a stop.
 using StopFlag = const std::atomic<bool>*;
+/// A flag the Checkpointer sets for a signal handler to read.
+using ArmedFlag = std::atomic<bool>*;
 
 /// Checkpointer's options.
 struct CheckpointerOptions {
@@ -26,13 +28,19 @@ struct CheckpointerOptions {
   /// When it becomes true (a signal handler sets it), save after the current
   /// training batch and end the fit. nullptr: never.
   TORCH_ARG(StopFlag, stop) = nullptr;
+  /// Set to true once a stop request would be saved: at the end of the first
+  /// training batch. Until then there is nothing a checkpoint would add, so a
+  /// signal handler may end the process at once (a forward that never returns
+  /// cannot hold a stop hostage). nullptr: not told.
+  TORCH_ARG(ArmedFlag, armed) = nullptr;
   /// false: the same decisions without writing files (data-parallel ranks other than 0).
   TORCH_ARG(bool, write) = true;
 };
 
 /// Saves `dir/checkpoint-<step>.pt` (Learner::save) at the end of every `every`-th
 /// epoch (0: never) and of the last one, keeps the newest `keep` (0: all), and
-/// names the newest in `dir/latest` (written atomically). When `*stop` becomes
+/// names the newest in `dir/latest` (written atomically, for people and older
+/// versions: a resume takes the newest complete checkpoint, see latest()). When `*stop` becomes
 /// true (a signal handler sets it), it saves after the current training batch
 /// and ends the fit: interrupted() then says so. Order 90: after the Recorder
 /// and the loggers have seen the batch or epoch.
@@ -45,10 +53,18 @@ class Checkpointer : public Callback {
   bool interrupted() const { return interrupted_; }
   /// The last checkpoint written ("" before the first).
   const std::string& last_path() const { return last_path_; }
-  /// The newest checkpoint of a run directory (from `dir/latest`), or "" when there is none.
+  /// The newest complete checkpoint of a run directory (the highest step), or ""
+  /// when there is none. Every checkpoint-<step>.pt is complete (written to a temp
+  /// file, then renamed), so this holds whatever `latest` says: a run killed after
+  /// a checkpoint landed but before `latest` was replaced resumes from that
+  /// checkpoint. `latest` itself is never followed, so a `latest` naming a file
+  /// elsewhere, or a huge one, changes nothing.
   static std::string latest(const std::string& dir);
-  /// Whether `dir` holds checkpoints (a `latest` file or any checkpoint-*.pt).
+  /// Whether `dir` holds a complete checkpoint (a temp file of a killed writer is none).
   static bool holds_checkpoints(const std::string& dir);
+  /// Removes the temp files (NAME.tmp.PID) of writers that are no longer running;
+  /// returns how many went.
+  static int remove_dead_temp_files(const std::string& dir);
 
   /// Saves a checkpoint now (between batches, or before a step) and returns its
   /// path ("" when this Checkpointer does not write).

@@ -21,6 +21,10 @@ namespace mixtrain::run {
 struct StopFlags {
   std::atomic<bool>* requested = nullptr;  ///< set by the front end
   std::atomic<bool>* agreed = nullptr;     ///< data parallel: the request, agreed by every rank
+  /// Set by train once a stop would be saved (the first training batch has ended).
+  /// Until then a front end may end the process at once on a stop signal: there
+  /// is nothing to save, and a forward that never returns must not hold it.
+  std::atomic<bool>* armed = nullptr;
 };
 
 /// How a training run ended.

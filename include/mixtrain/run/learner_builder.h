@@ -58,6 +58,14 @@ void set_precision(Learner& learn, const RunConfig& config);
 /// OptionError("data") with one line saying why a model that does not fit the data (input
 /// count, output shape, target dtype) fails, and the OptionError of an output or
 /// loss choice that does not fit what the model returns.
-torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, const data::Dataset& train);
+/// `which` names the data in that line ("the data", "the validation data").
+torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, const data::Dataset& train,
+                                    const std::string& which = "the data");
+
+/// With cross_entropy: every class target of both splits is a class of the
+/// prediction `probe` (0 to C-1; -100, cross_entropy's ignore_index, is allowed).
+/// Throws OptionError("data") naming the split and the class, before anything
+/// trains (libtorch's own "Target 10 is out of bounds" comes mid-epoch).
+void check_class_targets(const RunConfig& r, const torch::Tensor& probe, const data::DatasetSplit& split);
 
 } // namespace mixtrain::run

@@ -24,8 +24,12 @@ class RunFolder {
   /// Creates the folder and proves it writable before anything trains; throws
   /// OptionError("out") naming the problem.
   void prepare() const;
-  /// Whether it holds checkpoints (a `latest` file or any checkpoint-*.pt).
+  /// Whether it holds a complete checkpoint (a killed writer's temp file is none).
   bool holds_checkpoints() const;
+  /// A forced new run: the old run's checkpoints and `latest` go.
+  void clear_checkpoints() const;
+  /// Temp files of writers that are no longer running go (a run killed mid-write).
+  void remove_dead_temp_files() const;
   /// The newest checkpoint, or "" when there is none.
   std::string latest_checkpoint() const;
   /// Whether the run finished its epochs (then there is nothing to resume).

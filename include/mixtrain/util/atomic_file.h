@@ -1,13 +1,27 @@
 #pragma once
 /// Crash-safe file replacement.
 
+#include <c10/util/Exception.h>
+
 #include <string>
 
 namespace mixtrain {
 
+/// What write_file_atomically throws: `path` still holds its old content (or is
+/// still absent), and no temp file is left behind.
+class FileWriteError : public c10::Error {
+ public:
+  FileWriteError(std::string path, const std::string& message)
+      : c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message), path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 /// Writes `bytes` to `path` so that `path` always holds either its old or its
 /// new complete content: a temporary file in the same directory, fsync, rename,
-/// fsync of the directory. Throws c10::Error naming the path on failure.
+/// fsync of the directory. Throws FileWriteError naming the path on failure.
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
 } // namespace mixtrain

@@ -1,0 +1,205 @@
+// What a hostile tester (and an unlucky user) hands the CLI: a data file whose
+// tensor claims more than its storage, a forward that never returns, an
+// args.json edited to another run, data that does not fit the model, numbers
+// past fp32's range, a run killed mid-write, an error deep inside a model, NaN
+// inputs, a full disk, CLI11's own wording. Each is one clear line and a
+// non-zero exit (or a warning), checked before the run folder exists where the
+// README says so.
+#include "cli_util.h"
+#include "test_util.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+namespace {
+
+using namespace mixtrain;
+using test::run_cli;
+namespace fs = std::filesystem;
+
+std::string file(const std::string& name) { return test::exported_by("export_bad_input.py") + "/" + name; }
+
+/// Flags that train the exported MLP on `data` quickly.
+std::string mlp_on(const std::string& data, const std::string& model = "mlp.pt", int bs = 32) {
+  return " --model " + file(model) + " --data " + file(data) + " --bs " + std::to_string(bs) + " --threads 1";
+}
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+TEST(CliBadInputTest, ATensorClaimingMoreRowsThanItsStorageIsRefusedNotRead) {
+  for (const char* data : {"rows_past_storage.pt", "rows_far_past_storage.pt"}) {
+    SCOPED_TRACE(data);
+    const std::string out = test::scratch_dir("bad_storage") + "/run";
+    const auto r = run_cli("train" + mlp_on(data) + " --epochs 1 --out " + out);
+    EXPECT_EQ(r.code, 2) << r.err;  // not 139
+    EXPECT_TRUE(contains(r.err, "tensor 'x' of shape [")) << r.err;
+    EXPECT_TRUE(contains(r.err, "bytes of data but the file holds 2800 for it")) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
+TEST(CliBadInputTest, OneSigtermBeforeTheFirstStepEndsTheRunAtOnce) {
+  // The forward hangs for a real batch: a supervisor's single SIGTERM must end it.
+  const std::string out = test::scratch_dir("sigterm_hang") + "/run";
+  const auto start = std::chrono::steady_clock::now();
+  // Without the fix the run ignores the TERM; -k 30 then kills it (137).
+  const auto r = run_cli("train" + mlp_on("data.pt", "hang.pt") + " --epochs 1 --out " + out,
+                         "timeout --preserve-status -k 30 3 ");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+  EXPECT_LT(seconds, 25) << "the SIGTERM was not obeyed";
+}
+
+TEST(CliBadInputTest, AResumeRefusesAnArgsJsonEditedToAnotherRun) {
+  const std::string out = test::scratch_dir("resume_edited") + "/run";
+  const auto cut = run_cli("train" + mlp_on("data.pt") + " --epochs 2 --out " + out + " --interrupt-at-step 5");
+  ASSERT_EQ(cut.code, 130) << cut.err;
+  const std::string original = test::slurp(out + "/args.json");
+  for (const auto& [from, to, field] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"bs\": 32", "\"bs\": 16", "--bs 16"}, {"\"limit\": -1", "\"limit\": 100", "--limit 100"},
+           {"\"lr\": 0.003", "\"lr\": 0.01", "--lr 0.01"}}) {
+    SCOPED_TRACE(field);
+    const std::string edited = std::regex_replace(original, std::regex(from), to);
+    ASSERT_NE(edited, original) << original;
+    std::ofstream(out + "/args.json") << edited;
+    const auto r = run_cli("train --resume " + out);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, "args.json sets " + field + " but its checkpoints were trained with")) << r.err;
+  }
+  std::ofstream(out + "/args.json") << original;
+  const auto resumed = run_cli("train --resume " + out + " --threads 1");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+}
+
+TEST(CliBadInputTest, TargetsAndValidationDataAreCheckedBeforeTheRunFolderExists) {
+  for (const auto& [data, message] : std::vector<std::pair<std::string, std::string>>{
+           {"y_class_10.pt", "the training targets hold the class 10, but the model's output has 10 classes"},
+           {"y_class_minus_1.pt", "the training targets hold the class -1"},
+           {"valid_y_99.pt", "the validation targets hold the class 99"},
+           {"valid_x_3_channels.pt", "the model does not run on the validation data"}}) {
+    SCOPED_TRACE(data);
+    const std::string out = test::scratch_dir("bad_targets") + "/run";
+    for (const char* command : {"train", "doctor", "lr_find"}) {
+      const auto r = run_cli(std::string(command) + mlp_on(data) + " --out " + out);
+      EXPECT_EQ(r.code, 2) << command << ": " << r.err;
+      EXPECT_TRUE(contains(r.err, message)) << command << ": " << r.err;
+      EXPECT_FALSE(fs::exists(out)) << command;
+    }
+  }
+}
+
+TEST(CliBadInputTest, NonFiniteInputsAreWarnedAboutBeforeTraining) {
+  const std::string out = test::scratch_dir("nan_valid") + "/run";
+  const auto r = run_cli("train" + mlp_on("valid_x_nan.pt") + " --epochs 1 --out " + out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "mixtrain: warning: the validation inputs hold 1 NaN/inf value (of 700)")) << r.err;
+}
+
+TEST(CliBadInputTest, NaNInputsAtStepZeroAreSaidToBeTheInputs) {
+  const std::string out = test::scratch_dir("nan_inputs") + "/run";
+  const auto r = run_cli("train" + mlp_on("x_nan.pt", "normed.pt") + " --epochs 1 --out " + out);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "at step 0: this batch's inputs hold NaN/inf")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the parameters are finite; the buffers bn.running_mean, bn.running_var are not")) << r.err;
+  EXPECT_FALSE(contains(r.err, "the weights are already non-finite")) << r.err;
+}
+
+TEST(CliBadInputTest, EveryNumberMustBeFiniteAndWithinFp32Range) {
+  const std::string out = test::scratch_dir("numbers") + "/run";
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {" --precision fp16 --growth-factor inf --growth-interval 1", "invalid --growth-factor inf: must be a finite number"},
+           {" --lr 1e300", "invalid --lr 1e+300: must be at most 3.4e38"},
+           {" --precision fp16 --init-scale 1e39", "invalid --init-scale 1e+39: must be at most 3.4e38"},
+           {" --clip 1e39", "invalid --clip 1e+39: must be at most 3.4e38"}}) {
+    SCOPED_TRACE(flags);
+    const auto r = run_cli("train" + mlp_on("data.pt") + flags + " --out " + out);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, message)) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
+TEST(CliBadInputTest, AKilledWritersTempFileIsNoCheckpointAndIsRemoved) {
+  const std::string out = test::scratch_dir("temp_only") + "/run";
+  const auto cut = run_cli("train" + mlp_on("data.pt") + " --epochs 2 --out " + out + " --interrupt-at-step 5");
+  ASSERT_EQ(cut.code, 130) << cut.err;
+  // As if killed during the first checkpoint write: only the temp file of a dead writer.
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) fs::remove(e.path());
+  fs::remove(out + "/latest");
+  const std::string temp = out + "/checkpoint-5.pt.tmp.999999999";
+  std::ofstream(temp) << "half a checkpoint";
+  const auto resume = run_cli("train --resume " + out);
+  EXPECT_EQ(resume.code, 2);
+  EXPECT_TRUE(contains(resume.err, "holds no complete checkpoint")) << resume.err;
+  EXPECT_FALSE(fs::exists(temp)) << "a dead writer's temp file stays";
+  // Not a loop: without --resume the run starts again, no --force needed.
+  const auto again = run_cli("train" + mlp_on("data.pt") + " --epochs 1 --out " + out);
+  EXPECT_EQ(again.code, 0) << again.err;
+}
+
+TEST(CliBadInputTest, AResumeTakesTheNewestCompleteCheckpointWhateverLatestSays) {
+  const std::string out = test::scratch_dir("stale_latest") + "/run";
+  const auto cut = run_cli("train" + mlp_on("data.pt") + " --epochs 3 --save-every 1 --out " + out + " --interrupt-at-step 20");
+  ASSERT_EQ(cut.code, 130) << cut.err;
+  ASSERT_TRUE(fs::exists(out + "/checkpoint-15.pt") && fs::exists(out + "/checkpoint-20.pt"));
+  // Killed while `latest` was being replaced: it still names the older one. Or edited to point elsewhere.
+  int copy = 0;
+  for (const std::string latest : {"checkpoint-15.pt", "../../../../etc/passwd"}) {
+    SCOPED_TRACE(latest);
+    const std::string run = out + "-" + std::to_string(copy++);
+    fs::copy(out, run, fs::copy_options::recursive);
+    std::ofstream(run + "/latest") << latest << "\n";
+    const auto r = run_cli("train --resume " + run);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains(r.out, "resuming " + run + " from " + run + "/checkpoint-20.pt")) << r.out;
+  }
+}
+
+TEST(CliBadInputTest, AnErrorInsideTheModelKeepsItsCauseAndPlace) {
+  const std::string out = test::scratch_dir("model_error") + "/run";
+  // A `raise` in the model, for batches larger than the 2-sample probe: the line says the message and the source line.
+  const auto boom = run_cli("train" + mlp_on("data.pt", "boom.pt") + " --epochs 1 --out " + out);
+  EXPECT_EQ(boom.code, 2);
+  EXPECT_TRUE(std::regex_search(boom.err, std::regex("mixtrain: error: the model's forward failed at .*export_bad_input.py:[0-9]+: boom in forward\n")))
+      << boom.err;
+  EXPECT_FALSE(contains(boom.err, "TorchScript interpreter")) << boom.err;
+  // A kernel's error inside a ModuleList: the layer and the op.
+  const auto layers = run_cli("train" + mlp_on("data.pt", "layers.pt") + " --epochs 1 --out " + out);
+  EXPECT_EQ(layers.code, 2);
+  EXPECT_TRUE(contains(layers.err, "the model does not run on the data (in layers.1 (aten::linear)): mat1 and mat2 shapes "
+                                   "cannot be multiplied (2x3 and 7x10)"))
+      << layers.err;
+}
+
+TEST(CliBadInputTest, AFullDiskSaysWhatIsIntactAndHowToGoOn) {
+  const std::string dir = test::scratch_dir("disk_full");
+  // The size of the first epoch's checkpoint, from a run that is not limited.
+  const auto sized = run_cli("train" + mlp_on("data.pt", "mlp.pt", 8) + " --epochs 2 --save-every 1 --out " + dir + "/sized");
+  ASSERT_EQ(sized.code, 0) << sized.err;
+  const auto first = fs::file_size(dir + "/sized/checkpoint-60.pt"), second = fs::file_size(dir + "/sized/checkpoint-120.pt");
+  ASSERT_LT(first, second);  // the Recorder's history grows
+  // A file-size limit between the two: the first checkpoint lands, the second cannot.
+  const std::string limit = "trap '' XFSZ; exec prlimit --fsize=" + std::to_string((first + second) / 2) + " ";
+  const std::string out = dir + "/run";
+  const auto full = run_cli("train" + mlp_on("data.pt", "mlp.pt", 8) + " --epochs 2 --save-every 1 --out " + out, limit);
+  EXPECT_EQ(full.code, 2) << full.err;
+  EXPECT_TRUE(contains(full.err, "the newest checkpoint " + out + "/checkpoint-60.pt is intact: make room, then resume "
+                                 "with: mixtrain train --resume " + out))
+      << full.err;
+  for (const auto& e : fs::directory_iterator(out)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+  const auto resumed = run_cli("train --resume " + out);
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_TRUE(fs::exists(out + "/model.pt"));
+}
+
+TEST(CliBadInputTest, FlagsGivenTwiceOrEmptyAreSaidInOurWords) {
+  test::expect_usage_error("train --bs 5 --bs 7", "--bs is given more than once; give it once");
+  test::expect_usage_error("train --bs", "--bs needs a value");
+  test::expect_usage_error("train --out ''", "an empty --out: name a folder");
+  test::expect_usage_error("train --resume ''", "an empty --resume");
+}
+
+} // namespace

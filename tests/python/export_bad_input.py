@@ -1,0 +1,123 @@
+"""Writes the models and data files of the bad-input tests (tests/cli_bad_input_test.cpp):
+what a hostile tester, or an unlucky user, hands mixtrain. Run with Debian's python3-torch:
+
+    /usr/bin/python3 tests/python/export_bad_input.py OUT_DIR
+
+Everything is seeded, so the files are the same on every run.
+"""
+import io
+import os
+import sys
+import zipfile
+
+import torch
+import torch.nn as nn
+
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(0)
+
+
+def path(name):
+    return os.path.join(out, name)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(7, 10)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Hang(nn.Module):  # a forward that never returns once a real batch arrives (the probe has 2 samples)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(7, 10)
+
+    def forward(self, x):
+        i = 0
+        if x.size(0) > 2:
+            while i >= 0:
+                i = i + 1
+        return self.fc(x)
+
+
+class Boom(nn.Module):  # raises inside the model, for batches larger than the probe's
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(7, 10)
+
+    def forward(self, x):
+        x = self.fc(x)
+        if x.size(0) > 2:
+            raise RuntimeError("boom in forward")
+        return x
+
+
+class Layers(nn.Module):  # a ModuleList whose second layer does not fit the first
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(7, 3), nn.Linear(7, 10)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Normed(nn.Module):  # BatchNorm: NaN inputs reach its running statistics, not the parameters
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(7)
+        self.fc = nn.Linear(7, 10)
+
+    def forward(self, x):
+        return self.fc(self.bn(x))
+
+
+for name, model in [("mlp", MLP()), ("hang", Hang()), ("boom", Boom()), ("layers", Layers()), ("normed", Normed())]:
+    torch.jit.script(model).save(path(name + ".pt"))
+
+x = torch.randn(600, 7)
+y = torch.randint(0, 10, (600,))
+vx, vy = torch.randn(100, 7), torch.randint(0, 10, (100,))
+torch.save({"x": x, "y": y}, path("data.pt"))
+y_out = y.clone()
+y_out[5] = 10
+torch.save({"x": x, "y": y_out, "valid_x": vx, "valid_y": vy}, path("y_class_10.pt"))
+y_neg = y.clone()
+y_neg[7] = -1
+torch.save({"x": x, "y": y_neg, "valid_x": vx, "valid_y": vy}, path("y_class_minus_1.pt"))
+torch.save({"x": x, "y": y, "valid_x": vx, "valid_y": torch.full((100,), 99)}, path("valid_y_99.pt"))
+torch.save({"x": x, "y": y, "valid_x": torch.randn(100, 3, 7), "valid_y": vy}, path("valid_x_3_channels.pt"))
+vx_nan = vx.clone()
+vx_nan[3, 2] = float("nan")
+torch.save({"x": x, "y": y, "valid_x": vx_nan, "valid_y": vy}, path("valid_x_nan.pt"))
+x_nan = x.clone()
+x_nan[:, 0] = float("nan")
+torch.save({"x": x_nan, "y": y, "valid_x": vx, "valid_y": vy}, path("x_nan.pt"))
+
+
+def edit_pickle(src, old, new):
+    """The zip torch.save wrote, with one byte string of data.pkl replaced."""
+    zin = zipfile.ZipFile(io.BytesIO(src))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                assert data.count(old) == 1, (old, data)
+                data = data.replace(old, new)
+            zout.writestr(item, data)
+    return buf.getvalue()
+
+
+# The hostile tester's file: x claims 300 rows over a storage of 100 (y has 300).
+buf = io.BytesIO()
+torch.save({"x": torch.randn(100, 7), "y": torch.zeros(300, dtype=torch.long)}, buf)
+open(path("rows_past_storage.pt"), "wb").write(edit_pickle(buf.getvalue(), b"K\x64K\x07", b"M\x2c\x01K\x07"))
+# And one claiming 2,000,000 rows.
+open(path("rows_far_past_storage.pt"), "wb").write(
+    edit_pickle(buf.getvalue(), b"K\x64K\x07", b"J\x80\x84\x1e\x00K\x07"))
