@@ -208,6 +208,45 @@ TEST(DiagnosisBaselineTest, AnFp32BaselineThatDivergesIsBrokenAndOneThatLearnsSl
   EXPECT_EQ(decide(fine).verdict, Verdict::kHealthy);
 }
 
+// `doctor --lr 10`: fp32 diverges by orders of magnitude and ends below chance, while
+// fp16's validation loss is NaN and its train loss still falls. fp32 is broken,
+// whatever the mixed run does; not "underflow: fp16 learns less than fp32".
+// And a healthy verdict on a baseline that learned nothing says so.
+TEST(DiagnosisBaselineTest, ABaselineFarBelowChanceOrDivergedIsBrokenAndHealthyOnAWeakOneSaysLittle) {
+  Evidence e = healthy_pair();
+  e.fp32->metric_names = e.mixed->metric_names = {"accuracy"};
+  e.fp32->chance_accuracy = e.mixed->chance_accuracy = 0.1;
+  e.fp32->final_loss = 2.0;
+  e.fp32->valid_loss = 14611;
+  e.fp32->metrics = {0.011};
+  e.mixed->final_loss = 2.1;  // learns on the train loss...
+  e.mixed->valid_loss = NAN;  // ...and its validation is NaN
+  e.mixed->metrics = {0.1};
+  Diagnosis d = decide(e);
+  EXPECT_EQ(d.verdict, Verdict::kBrokenInFp32) << d.report();
+  EXPECT_TRUE(contains(d.findings, "the fp32 baseline is below chance: validation accuracy 0.011 against 0.1")) << d.report();
+  e.fp32->valid_loss = 2.2;  // below chance alone is enough
+  EXPECT_EQ(decide(e).verdict, Verdict::kBrokenInFp32) << decide(e).report();
+  e.fp32->metrics = {0.5};
+  e.fp32->valid_loss = 14611;  // and so is diverging by orders of magnitude
+  EXPECT_EQ(decide(e).verdict, Verdict::kBrokenInFp32) << decide(e).report();
+
+  // mobilenet_v3_small at 32x32: fp32 reaches 0.086 (chance 0.1), fp16 as much.
+  Evidence weak = healthy_pair();
+  weak.fp32->metric_names = weak.mixed->metric_names = {"accuracy"};
+  weak.fp32->chance_accuracy = weak.mixed->chance_accuracy = 0.1;
+  weak.fp32->metrics = {0.086};
+  weak.mixed->metrics = {0.09};
+  d = decide(weak);
+  EXPECT_EQ(d.verdict, Verdict::kHealthy) << d.report();
+  EXPECT_TRUE(contains(d.findings, "note: the fp32 baseline is weak (validation accuracy 0.086, near chance 0.1): that fp16 "
+                                   "trains like it says little"))
+      << d.report();
+  // A strong baseline gets no such note.
+  weak.fp32->metrics = weak.mixed->metrics = {0.8};
+  EXPECT_FALSE(contains(decide(weak).findings, "says little"));
+}
+
 // `doctor --init-scale 1e30`: 16 of 16 steps skipped while the scale backs off; no
 // flushes. Not underflow: the start was far too high, and the numbers say so.
 TEST(DiagnosisBaselineTest, AScaleStillBackingOffFromAFarTooHighStartIsSaidPlainly) {

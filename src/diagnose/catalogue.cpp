@@ -104,13 +104,17 @@ std::optional<Ruling> baseline_fails(RuleInput& in) {
   const bool at_chance = std::isfinite(accuracy) && std::isfinite(base->chance_accuracy) &&
                          accuracy <= kChanceAccuracyFactor * base->chance_accuracy;
   const bool fails = nonfinite || !loss_fell || valid_far_above;
+  const bool diverged = (std::isfinite(base->first_loss) && base->valid_loss > kValidLossDiverged * base->first_loss) ||
+                        std::isinf(base->valid_loss);
+  const bool below_chance = std::isfinite(accuracy) && std::isfinite(base->chance_accuracy) &&
+                            accuracy < kFarBelowChanceFactor * base->chance_accuracy;
   const ScaleAnalysis* ms = mixed ? &mixed->scale : nullptr;
   const bool mixed_breaks_alone =
       !nonfinite && ms && (ms->nonfinite_losses > 0 || skips_are_a_problem(*ms) || ms->collapsed);
   const bool mixed_learns = mixed && ms->nonfinite_losses == 0 && std::isfinite(mixed->first_loss) &&
                             std::isfinite(mixed->final_loss) && mixed->final_loss < mixed->first_loss &&
                             !(mixed->valid_loss > kValidLossFarAbove * mixed->first_loss);
-  if (fails && !mixed_breaks_alone && !mixed_learns) {
+  if ((fails && !mixed_breaks_alone && !mixed_learns) || (!nonfinite && (diverged || below_chance))) {
     Ruling r;
     add_input_findings(in.e, r.findings);
     if (nonfinite)
@@ -123,7 +127,8 @@ std::optional<Ruling> baseline_fails(RuleInput& in) {
       r.findings.push_back("the fp32 baseline diverges: validation loss " + short_number(base->valid_loss) + ", more than " +
                            short_number(kValidLossFarAbove) + "x its starting train loss " + short_number(base->first_loss));
     if (!nonfinite && at_chance)
-      r.findings.push_back("the fp32 baseline is at chance: validation accuracy " + short_number(accuracy) + " against " +
+      r.findings.push_back(std::string("the fp32 baseline is ") + (accuracy < base->chance_accuracy ? "below" : "at") +
+                           " chance: validation accuracy " + short_number(accuracy) + " against " +
                            short_number(base->chance_accuracy) + " for a guess");
     r.fixes = {"fix the model or the data first: fp16 is not the cause (fp32 fails the same way)"};
     if (in.e.inputs && in.e.inputs->nonfinite) r.fixes.push_back("remove or impute the NaN/Inf values in the inputs");
@@ -132,14 +137,19 @@ std::optional<Ruling> baseline_fails(RuleInput& in) {
     r.headline = "broken_in_fp32: the fp32 baseline fails too";
     return r;
   }
-  if (fails || at_chance)
-    in.weak_baseline = "note: the fp32 baseline is weak (" +
-                       std::string(nonfinite        ? "its losses go NaN/Inf too"
-                                   : !loss_fell      ? "its train loss does not fall"
-                                   : valid_far_above ? "its validation loss diverges"
-                                                     : "validation accuracy " + short_number(accuracy) + ", near chance " +
-                                                           short_number(base->chance_accuracy)) +
-                       "), but " + in.mixed_name + " fails where fp32 does not: mixed precision is a cause here";
+  if (fails || at_chance) {
+    const std::string weakness = "note: the fp32 baseline is weak (" +
+                                 std::string(nonfinite        ? "its losses go NaN/Inf too"
+                                             : !loss_fell      ? "its train loss does not fall"
+                                             : valid_far_above ? "its validation loss diverges"
+                                                               : "validation accuracy " + short_number(accuracy) +
+                                                                     ", near chance " + short_number(base->chance_accuracy)) +
+                                 ")";
+    in.weak_baseline = weakness + ", but " + in.mixed_name + " fails where fp32 does not: mixed precision is a cause here";
+    in.weak_baseline_healthy = weakness + ": that " + in.mixed_name +
+                               " trains like it says little; make fp32 learn first (more " + Phrase::name("epochs") +
+                               ", another " + Phrase::name("lr") + "), then compare again";
+  }
   return std::nullopt;
 }
 

@@ -24,7 +24,18 @@ struct RuleInput {
   /// Set by the baseline rule when fp32 is weak but not the cause; the verdict
   /// that follows states it.
   std::string weak_baseline;
+  /// Set with it: what a healthy verdict on that weak baseline says (a comparison
+  /// with a baseline that learned little says little).
+  Phrase weak_baseline_healthy;
 };
+
+/// An fp32 baseline that fails this badly is broken whatever the mixed run does
+/// (the seed guide's first step: "if fp32 also fails, fix that first"): its
+/// validation loss ends above kValidLossDiverged times its starting train loss
+/// (orders of magnitude, not kValidLossFarAbove's 3x), or its validation accuracy
+/// below kFarBelowChanceFactor times chance.
+constexpr double kValidLossDiverged = 100.0;
+constexpr double kFarBelowChanceFactor = 0.5;
 
 /// What a rule says when it holds.
 struct Ruling {

@@ -38,6 +38,7 @@ const OpFinding* first_overflow(const Evidence& e) {
 void add_context(const detail::RuleInput& in, Verdict v, bool gap_said, std::vector<Phrase>& findings) {
   const Evidence& e = in.e;
   if (!in.weak_baseline.empty() && v != Verdict::kHealthy) findings.push_back(in.weak_baseline);
+  if (!in.weak_baseline_healthy.empty() && v == Verdict::kHealthy) findings.push_back(in.weak_baseline_healthy);
   if (in.base && in.mixed && in.gap && !gap_said) {
     const auto [b, m] = compared_losses(*in.base, *in.mixed);
     findings.push_back("final loss: fp32 " + short_number(b) + ", " + in.mixed_name + " " + short_number(m) + " (gap " +
