@@ -19,6 +19,7 @@ TorchScript form and the tensors to it without copying them.
 """
 import inspect
 import json
+import numbers
 import os
 import shutil
 import tempfile
@@ -56,7 +57,12 @@ def _default(row):
 
 
 def _is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    # numbers.Real holds numpy's scalars (np.float32, np.int64) as well as int and float.
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _is_integer(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _text(row, value):
@@ -73,9 +79,9 @@ def _text(row, value):
             raise bad
         return "true" if value else "false"
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not _is_integer(value):
             raise bad
-        return str(value)
+        return str(int(value))
     if kind == "number":
         if not _is_number(value):
             raise bad
@@ -97,6 +103,13 @@ def _text(row, value):
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return ",".join(value)
         raise bad
+    if key == "split_at" and not isinstance(value, str):
+        # Parameter-name prefixes: a list of them (["4", "8"], [4, 8] for a Sequential's layers).
+        parts = value if isinstance(value, (list, tuple)) else [value]
+        if not parts or not all(isinstance(v, str) or _is_integer(v) for v in parts):
+            raise ValueError("invalid split_at=%r: a name, or a list of names (parameter-name prefixes such as "
+                             "'head' or 4)" % (value,))
+        return ",".join(str(v) for v in parts)
     if not isinstance(value, str):
         raise bad
     return value

@@ -150,6 +150,19 @@ def test_bad_data_and_arguments_raise_value_error():
         mixtrain.doctor(lambda t: t, (x, y))
 
 
+def test_keywords_take_numpy_numbers_and_lists_of_split_points():
+    np = pytest.importorskip("numpy")
+    x, y = blobs(256)
+    r = mixtrain.train(Mlp(), (x, y), epochs=1, bs=np.int64(32), lr=np.float32(1e-2), threads=np.int32(1))
+    assert len(r.epochs) == 1
+    r = mixtrain.train(Mlp(), (x, y), epochs=1, split_at=["head"], lr=[1e-3, 1e-2], bs=32, threads=1)
+    assert len(r.epochs) == 1
+    with pytest.raises(ValueError, match=r"invalid bs=32.5: an integer"):
+        mixtrain.train(Mlp(), (x, y), bs=np.float64(32.5))
+    with pytest.raises(ValueError, match=r"invalid split_at=\[1.5\]: a name, or a list of names"):
+        mixtrain.train(Mlp(), (x, y), split_at=[1.5])
+
+
 def test_a_model_returning_a_dict_trains_on_its_logits(capfd):
     r = mixtrain.train(DictOut(), blobs(), precision="fp16", epochs=3, **FAST)
     assert r.epochs[-1]["accuracy"] > 0.8
