@@ -166,6 +166,12 @@ TEST(CliBadInputTest, AnErrorInsideTheModelKeepsItsCauseAndPlace) {
   EXPECT_TRUE(std::regex_search(boom.err, std::regex("mixtrain: error: the model's forward failed at .*export_bad_input.py:[0-9]+: boom in forward\n")))
       << boom.err;
   EXPECT_FALSE(contains(boom.err, "TorchScript interpreter")) << boom.err;
+  // A kernel's error inside the script while training (TorchScript rethrows it as a runtime_error).
+  const auto misfit = run_cli("train" + mlp_on("data.pt", "misfit.pt") + " --epochs 1 --out " + out);
+  EXPECT_EQ(misfit.code, 2);
+  EXPECT_TRUE(contains(misfit.err, "mixtrain: error: the model's forward failed in fc (aten::linear): mat1 and mat2 shapes "
+                                   "cannot be multiplied (32x3 and 7x10)"))
+      << misfit.err;
   // A kernel's error inside a ModuleList: the layer and the op.
   const auto layers = run_cli("train" + mlp_on("data.pt", "layers.pt") + " --epochs 1 --out " + out);
   EXPECT_EQ(layers.code, 2);

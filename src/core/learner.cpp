@@ -363,9 +363,11 @@ void Learner::do_one_batch() {
   } catch (const OptionError&) {
     throw;  // an option that does not fit what the model returns: it names itself
   } catch (const std::exception& e) {
-    // libtorch's errors, and TorchScript's (a `raise` in the model is a JITException). A
-    // C++ model's own exception types pass as they are: their caller may catch them.
-    if (!dynamic_cast<const c10::Error*>(&e) && !dynamic_cast<const torch::jit::JITException*>(&e)) throw;
+    // libtorch's errors, and TorchScript's: a `raise` in the model is a JITException, a
+    // kernel's error inside a script a runtime_error that starts with the interpreter's
+    // header. A C++ model's own exception types pass as they are: their caller may catch them.
+    const bool from_script = std::string(e.what()).rfind("The following operation failed in the TorchScript interpreter", 0) == 0;
+    if (!dynamic_cast<const c10::Error*>(&e) && !dynamic_cast<const torch::jit::JITException*>(&e) && !from_script) throw;
     // The error names neither the op nor the module (a TorchScript model's says
     // only "The following operation failed in the TorchScript interpreter"): the
     // forward runs once more, watched, to say where. Not for a lack of memory,

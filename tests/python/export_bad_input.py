@@ -56,6 +56,17 @@ class Boom(nn.Module):  # raises inside the model, for batches larger than the p
         return x
 
 
+class MisfitAfterProbe(nn.Module):  # a kernel's error inside the script, for batches larger than the probe's
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(7, 10)
+
+    def forward(self, x):
+        if x.size(0) > 2:
+            x = x[:, :3]
+        return self.fc(x)
+
+
 class Layers(nn.Module):  # a ModuleList whose second layer does not fit the first
     def __init__(self):
         super().__init__()
@@ -77,7 +88,7 @@ class Normed(nn.Module):  # BatchNorm: NaN inputs reach its running statistics, 
         return self.fc(self.bn(x))
 
 
-for name, model in [("mlp", MLP()), ("hang", Hang()), ("boom", Boom()), ("layers", Layers()), ("normed", Normed())]:
+for name, model in [("mlp", MLP()), ("hang", Hang()), ("boom", Boom()), ("misfit", MisfitAfterProbe()), ("layers", Layers()), ("normed", Normed())]:
     torch.jit.script(model).save(path(name + ".pt"))
 
 x = torch.randn(600, 7)
