@@ -22,7 +22,9 @@ TEST(CliErgonomicsTest, LrFindWritesItsChartAndTableAndTrainWritesRunCharts) {
   EXPECT_NE(slurp(out + "/lr_find.svg").find("</svg>"), std::string::npos);
   const std::string csv = slurp(out + "/lr_find.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 21);  // header + 20 steps
-  expect_usage_error("lr_find --data " + dir + " --bs 16 --num-it 1 --out " + out, "invalid --num-it 1: must be >= 2");
+  expect_usage_error("lr_find --data " + dir + " --bs 16 --num-it 1 --out " + out, "invalid --num-it 1: must be >= 7");
+  // Too few points for a suggestion were nan suggestions; now the same one line.
+  expect_usage_error("lr_find --data " + dir + " --bs 16 --num-it 6 --out " + out, "invalid --num-it 6: must be >= 7");
 
 }
 

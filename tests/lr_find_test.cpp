@@ -107,7 +107,10 @@ TEST_F(LrFindTest, BadOptionsAreErrorsNamingThem) {
   auto learn = make();
   EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().start_lr(0)), "Invalid start_lr: 0 (must be > 0)");
   EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().start_lr(1).end_lr(0.1)), "Invalid end_lr: 0.1 (must be above the start lr 1)");
-  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().num_it(1)), "Invalid num_it: 1 (must be >= 2)");
+  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().num_it(1)), "Invalid num_it: 1 (must be >= 7)");
+  EXPECT_THROW_WITH(learn->lr_find(LrFindOptions().num_it(6)), "Invalid num_it: 6 (must be >= 7)");
+  const auto seven = learn->lr_find(LrFindOptions().num_it(7).stop_div(false));
+  EXPECT_TRUE(std::isfinite(seven.valley) && std::isfinite(seven.steep) && std::isfinite(seven.minimum)) << seven.summary();
 }
 
 TEST_F(LrFindTest, TheChartAndTableHoldTheCurve) {

@@ -21,6 +21,7 @@ import inspect
 import json
 import numbers
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -115,21 +116,120 @@ def _text(row, value):
     return value
 
 
+def _as_tensor(v):
+    """A tensor, or a numpy array (anything with __array__) as one; else None."""
+    if isinstance(v, torch.Tensor):
+        return v
+    if hasattr(v, "__array__") and not isinstance(v, (str, bytes)):
+        return torch.as_tensor(v.__array__())
+    return None
+
+
+def _pair(data):
+    """(x, y) as tensors when `data` is one: x a tensor/array or a list/tuple of them."""
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        return None
+    x, y = data
+    xs = [x] if _as_tensor(x) is not None else list(x) if isinstance(x, (list, tuple)) else None
+    if not xs or any(_as_tensor(t) is None for t in xs) or _as_tensor(y) is None:
+        return None
+    return [_as_tensor(t) for t in xs], _as_tensor(y)
+
+
 def _tensors(data, what):
     """(x, y) with x a tensor or a list/tuple of tensors: the model's inputs, the targets."""
     if not isinstance(data, (tuple, list)) or len(data) != 2:
-        raise ValueError("%s must be (x, y): x a tensor or a list of tensors (the model's inputs), y the targets; got %s"
-                         % (what, type(data).__name__))
+        raise ValueError("%s must be (x, y) (x a tensor or a list of tensors, y the targets; numpy arrays too), a "
+                         "map-style Dataset of (x, y) samples, or an iterable of (x, y) batches such as a DataLoader; "
+                         "got %s" % (what, type(data).__name__))
     x, y = data
-    xs = [x] if isinstance(x, torch.Tensor) else list(x) if isinstance(x, (list, tuple)) else None
+    xs = [x] if _as_tensor(x) is not None else list(x) if isinstance(x, (list, tuple)) else None
     if not xs:
         raise ValueError("%s: x is a %s, not a tensor or a list of tensors" % (what, type(x).__name__))
     for i, t in enumerate(xs):
-        if not isinstance(t, torch.Tensor):
+        if _as_tensor(t) is None:
             raise ValueError("%s: x[%d] is a %s, not a tensor" % (what, i, type(t).__name__))
-    if not isinstance(y, torch.Tensor):
+    if _as_tensor(y) is None:
         raise ValueError("%s: y is a %s, not a tensor" % (what, type(y).__name__))
-    return [t.detach().cpu() for t in xs], y.detach().cpu()
+    return [_as_tensor(t).detach().cpu() for t in xs], _as_tensor(y).detach().cpu()
+
+
+def _stacked(samples, what):
+    """Samples or batches [(x, y), ...] as one (xs, y): samples stacked, batches concatenated."""
+    pairs = []
+    for i, item in enumerate(samples):
+        pair = _pair(item) if isinstance(item, (tuple, list)) else None
+        if pair is None and isinstance(item, (tuple, list)) and len(item) == 2:
+            x, y = item  # a Dataset item: y may be a Python number
+            xs = [x] if _as_tensor(x) is not None else list(x) if isinstance(x, (list, tuple)) else None
+            if xs and all(_as_tensor(t) is not None for t in xs) and _is_number(y):
+                pair = ([_as_tensor(t) for t in xs], torch.tensor(y))
+        if pair is None:
+            raise ValueError("%s: item %d is a %s, not an (x, y) pair of tensors" % (what, i, type(item).__name__))
+        pairs.append(pair)
+    if not pairs:
+        raise ValueError("%s holds no samples" % what)
+    n_inputs = len(pairs[0][0])
+    if any(len(p[0]) != n_inputs for p in pairs):
+        raise ValueError("%s: its items hold different numbers of inputs" % what)
+    join = torch.stack if pairs[0][1].dim() == 0 else torch.cat  # samples, or batches
+    try:
+        xs = [join([p[0][k].detach().cpu() for p in pairs]) for k in range(n_inputs)]
+        y = join([p[1].detach().cpu() for p in pairs])
+    except RuntimeError as e:
+        raise ValueError("%s: its items do not stack into one tensor (%s)" % (what, str(e).splitlines()[0]))
+    return xs, y
+
+
+def _drawn(data, what, max_samples, seed):
+    """(xs, y) from what the user holds: (x, y) tensors or numpy arrays, a map-style
+    Dataset (at most max_samples drawn once, in an order seeded by `seed`), or an
+    iterable of (x, y) batches such as a DataLoader (its first batches, up to
+    max_samples, iterated under `seed`). The doctor's two runs then see the same
+    samples in the same order: they are drawn here, once."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and _as_tensor(data[1]) is not None:
+        return _tensors(data, what)  # (x, y): its own checks name what is wrong in it
+    from torch.utils.data import Dataset, IterableDataset
+    if max_samples is None or not _is_integer(max_samples) or max_samples < 1:
+        raise ValueError("invalid max_samples=%r: an integer >= 1" % (max_samples,))
+    is_map = isinstance(data, Dataset) and not isinstance(data, IterableDataset) and hasattr(data, "__len__")
+    if is_map:
+        n = len(data)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_samples].tolist()
+        xs, y = _stacked((data[i] for i in order), what)
+        print("mixtrain: notice: %s: %d of the Dataset's %d samples, drawn once in an order seeded by seed=%d%s" % (
+            what, len(y), n, seed, " (max_samples=%d)" % max_samples if n > max_samples else ""))
+        return xs, y
+    if hasattr(data, "__iter__") and not isinstance(data, (str, bytes, dict, torch.Tensor)):
+        batches, count = [], 0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # a shuffling DataLoader draws its order from torch's generator
+            for batch in data:
+                batches.append(batch)
+                count += len(batch[1]) if isinstance(batch, (tuple, list)) and len(batch) == 2 and hasattr(batch[1], "__len__") else 1
+                if count >= max_samples:
+                    break
+        xs, y = _stacked(batches, what)
+        xs, y = [t[:max_samples] for t in xs], y[:max_samples]
+        print("mixtrain: notice: %s: %d samples from the first %d batches of the %s, read once under seed=%d%s" % (
+            what, len(y), len(batches), type(data).__name__, seed,
+            " (max_samples=%d)" % max_samples if count >= max_samples else ""))
+        return xs, y
+    return _tensors(data, what)  # its error says what data may be
+
+
+def _check_forward_takes_tensors(script):
+    """mixtrain passes the model tensors: a forward taking a dict (or another type) is said so."""
+    try:
+        arguments = script._c._get_method("forward").schema.arguments[1:]
+    except Exception:  # a schema this torch does not expose: the run's own check still applies
+        return
+    for a in arguments:
+        kind = str(a.type)
+        if kind not in ("Tensor", "Optional[Tensor]"):
+            raise TypeError("the model's forward takes %s: %s; mixtrain passes tensors (x, or the list x as separate "
+                            "inputs): give it a forward that takes tensors, e.g. a wrapper module whose forward(x, mask) "
+                            "builds the %s" % (a.name, kind, kind))
 
 
 def _scripted(model, xs, y, loss):
@@ -145,10 +245,24 @@ def _scripted(model, xs, y, loss):
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         example = tuple(t[:2] for t in xs) + ((y[:2],) if _native.loss_takes_targets(loss) else ())
         was_training = model.training
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            traced = torch.jit.trace(model, example, check_trace=False)
-        model.train(was_training)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                traced = torch.jit.trace(model, example, check_trace=False)
+        except Exception as trace_error:
+            # Both failed: say why each did (a custom autograd.Function defeats both).
+            how = str(trace_error).strip().splitlines()
+            raise TypeError("the model cannot be turned into TorchScript: torch.jit.script failed (%s) and "
+                            "torch.jit.trace on the first two samples failed (%s)" % (
+                                why, how[0] if how else type(trace_error).__name__)) from None
+        finally:
+            model.train(was_training)
+        python_calls = sorted({n.pyname() for n in traced.inlined_graph.nodes() if n.kind() == "prim::PythonOp"})
+        if python_calls:
+            raise TypeError("the model's forward calls Python (%s, e.g. a custom torch.autograd.Function): TorchScript "
+                            "cannot hold it, so mixtrain cannot run it (torch.jit.script failed: %s; a trace keeps the "
+                            "call as Python, which cannot be saved). Write it with torch ops, or as a C++ custom op" % (
+                                ", ".join(python_calls), why))
         return traced, name, ("traced on the first batch (torch.jit.script failed: %s); a traced model keeps the "
                               "train/eval behaviour it was traced in" % why)
 
@@ -166,7 +280,23 @@ class _Run:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _call(command, model, data, valid, out, options):
+def _check_model(model):
+    """What libtorch would report as a RuntimeError deep inside the run, said first."""
+    if not isinstance(model, torch.nn.Module):
+        return  # _scripted says what model must be
+    params = list(model.parameters())
+    if any(p.is_meta for p in params):
+        raise ValueError("the model's parameters are on the meta device (they hold no values): materialize them first "
+                         "(model.to_empty(device='cpu') and initialize them, or load a state_dict with assign)")
+    if params and not any(p.requires_grad for p in params):
+        raise ValueError("every parameter of the model is frozen (requires_grad=False): there is nothing to train; "
+                         "unfreeze the ones to train (p.requires_grad_(True))")
+    if any(p.dtype == torch.float64 for p in params):
+        raise ValueError("the model's parameters are float64: mixtrain trains fp32 models (in mixed precision); pass "
+                         "model.float()")
+
+
+def _call(command, model, data, valid, out, options, max_samples):
     rows = {r["key"]: r for r in _rows(command)}
     settings = {}
     for key, value in options.items():
@@ -175,8 +305,16 @@ def _call(command, model, data, valid, out, options):
         text = _text(rows[key], value)
         if text is not None:
             settings[key] = text
-    xs, y = _tensors(data, "data")
-    valid_xs, valid_y = _tensors(valid, "valid") if valid is not None else ([], None)
+    seed = int(settings.get("seed", rows["seed"]["default"]))
+    xs, y = _drawn(data, "data", max_samples, seed)
+    valid_xs, valid_y = _drawn(valid, "valid", max_samples, seed) if valid is not None else ([], None)
+    if valid is None and int(len(y) * 0.2) < 1:
+        raise ValueError("data has %d sample%s: too few to keep 20%% for validation; pass more, or valid=(x, y)" %
+                         (len(y), "" if len(y) == 1 else "s"))
+    _check_model(model)
+    if out is not None and os.path.exists(os.path.join(os.fspath(out), "args.json")) and settings.get("force") != "true":
+        raise ValueError("out=%r holds a run already; pass another folder, or force=True to start over there" % (
+            os.fspath(out),))
     stored = _stored_dtype(model)
     if stored == torch.float16:
         raise ValueError("the model's parameters are fp16, which mixtrain does not train without an fp32 copy (its "
@@ -195,6 +333,7 @@ def _call(command, model, data, valid, out, options):
     threads = torch.get_num_threads()
     try:
         script, name, how = _scripted(model, xs, y, loss)
+        _check_forward_takes_tensors(script)
         native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder, run.keep)
         return native, script, how, run
     except BaseException:
@@ -213,23 +352,32 @@ def _stored_dtype(model):
     return dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)) in (torch.float16, torch.bfloat16) else None
 
 
+# How many samples a Dataset or DataLoader gives at most: enough for the doctor's
+# comparison and a quick train, few enough that drawing them stays quick.
+_MAX_SAMPLES = 10000
+
+
 def _svg_html(svg):
     return "<div style='max-width:720px'>%s</div>" % svg if svg else ""
 
 
 class Diagnosis:
-    """The doctor's judgement: ``verdict``, ``headline``, ``evidence``, ``fixes``,
-    ``trials``, ``proven_fix`` (None when no fix was proven), ``report`` (the
-    CLI's text, options named as keyword arguments), ``charts`` (SVG text) and
-    ``model_source`` (how the model became TorchScript)."""
+    """The doctor's judgement: ``verdict``, ``headline``, ``evidence`` (the report's
+    evidence lines), ``fixes`` (its fix lines, most targeted first), ``trials``,
+    ``proven_fix`` (None when no fix was proven), ``measurements`` (what the evidence
+    was read from: both runs, the overflow traces, the gradient and input checks),
+    ``report`` (the CLI's text, options named as keyword arguments), ``charts``
+    (SVG text) and ``model_source`` (how the model became TorchScript)."""
 
     def __init__(self, native, how, charts):
         self._dict = json.loads(native["diagnosis"])
         self.report = native["report"]
         self.model_source = how
         self.charts = charts
-        for key in ("verdict", "headline", "evidence", "fixes", "trials", "proven_fix"):
+        for key in ("verdict", "headline", "fixes", "trials", "proven_fix"):
             setattr(self, key, self._dict.get(key))
+        self.evidence = list(self._dict.get("findings") or [])  # the report's evidence lines
+        self.measurements = self._dict.get("evidence")  # what they were read from: both runs, traces, checks
 
     @property
     def healthy(self):
@@ -300,23 +448,28 @@ class LrFind:
         return self.svg
 
 
-def doctor(model, data, *, valid=None, out=None, **options):
-    native, script, how, run = _call("doctor", model, data, valid, out, options)
+def doctor(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **options):
+    native, script, how, run = _call("doctor", model, data, valid, out, options, max_samples)
     run.close()
     return Diagnosis(native, how, dict(native["charts"]))
 
 
-def train(model, data, *, valid=None, out=None, **options):
-    native, script, how, run = _call("train", model, data, valid, out, options)
+def train(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **options):
+    native, script, how, run = _call("train", model, data, valid, out, options, max_samples)
     run.close()
     result = Result(script, how, native)
+    if result.stopped and out is None:
+        # Without out= the run's folder is gone once the call returns: the model is what holds that state.
+        result.stopped = re.sub(r"saved(, for inspection only,)? to \S+checkpoint-\d+\.pt",
+                                lambda m: "held by the returned model%s (no out= folder, so no file)" % (
+                                    ", for inspection only" if m.group(1) else ""), result.stopped)
     if result.stopped:
         warnings.warn("mixtrain.train stopped: " + result.stopped, RuntimeWarning, stacklevel=2)
     return result
 
 
-def lr_find(model, data, *, valid=None, out=None, **options):
-    native, _, _, run = _call("lr_find", model, data, valid, out, options)
+def lr_find(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **options):
+    native, _, _, run = _call("lr_find", model, data, valid, out, options, max_samples)
     run.close()
     return LrFind(native)
 
@@ -336,10 +489,14 @@ def _document(function, command):
     """The signature and help of `function`: the option table's rows for `command`."""
     P = inspect.Parameter
     params = [P("model", P.POSITIONAL_OR_KEYWORD), P("data", P.POSITIONAL_OR_KEYWORD),
-              P("valid", P.KEYWORD_ONLY, default=None), P("out", P.KEYWORD_ONLY, default=None)]
+              P("valid", P.KEYWORD_ONLY, default=None), P("out", P.KEYWORD_ONLY, default=None),
+              P("max_samples", P.KEYWORD_ONLY, default=_MAX_SAMPLES)]
     lines = [_SUMMARIES[command], "",
              "model: a torch.nn.Module (scripted, or traced on the first batch where scripting fails) or ScriptModule.",
-             "data, valid: (x, y), x a tensor or a list of tensors; without valid a seeded 20% of data is kept aside.",
+             "data, valid: (x, y), x a tensor or a list of tensors (numpy arrays too); a map-style Dataset of (x, y) "
+             "samples; or an iterable of (x, y) batches (a DataLoader). Without valid a seeded 20% of data is kept aside.",
+             "max_samples: at most this many samples are drawn from a Dataset or an iterable, once, in an order seeded "
+             "by seed (tensors are used whole).",
              "out: a folder for the run's files (the CLI's); None writes nothing.", ""]
     for row in _rows(command):
         params.append(P(row["key"], P.KEYWORD_ONLY, default=_default(row)))

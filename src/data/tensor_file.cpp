@@ -29,8 +29,9 @@ std::string kind_of(const c10::IValue& v) {
   return v.tagKind();
 }
 
-/// The tensor behind `key` as the models read it: detached, contiguous, float64 as float32.
-torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::string& path) {
+/// The tensor behind `key` as the models read it: detached, contiguous, float64 as
+/// float32, small integers as int64 (targets: every integer type).
+torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::string& path, bool is_target) {
   TORCH_CHECK(v.isTensor(), path, ": '", what, "' is a ", kind_of(v), ", not a tensor");
   torch::Tensor t = v.toTensor().detach();
   TORCH_CHECK(t.dim() > 0, path, ": '", what, "' is a 0-dim tensor; it needs one row per sample");
@@ -42,6 +43,11 @@ torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::
               << "; it is read as fp32" << std::endl;
     t = t.to(at::kFloat);
   }
+  // Class targets and token ids are int64 to libtorch (cross_entropy, embedding): int32
+  // and the other small integers are widened, exactly. uint8 inputs stay (images: the
+  // model's first layer says what it needs, and the probe's error says what to do).
+  const bool small_int = at::isIntegralType(t.scalar_type(), /*includeBool=*/false) && t.scalar_type() != at::kLong;
+  if (small_int && (is_target || t.scalar_type() != at::kByte)) t = t.to(at::kLong);
   return t.contiguous();
 }
 
@@ -58,8 +64,8 @@ Dataset dataset_of(const std::vector<c10::IValue>& x, const c10::IValue& y, cons
   TORCH_CHECK(!x.empty(), path, ": '", xkey, "' is an empty list; it needs one tensor per model input");
   std::vector<torch::Tensor> in;
   for (size_t i = 0; i < x.size(); ++i)
-    in.push_back(as_data(x[i], x.size() > 1 ? xkey + "[" + std::to_string(i) + "]" : xkey, path));
-  Dataset d{in[0], as_data(y, ykey, path), {in.begin() + 1, in.end()}};
+    in.push_back(as_data(x[i], x.size() > 1 ? xkey + "[" + std::to_string(i) + "]" : xkey, path, false));
+  Dataset d{in[0], as_data(y, ykey, path, true), {in.begin() + 1, in.end()}};
   for (size_t i = 0; i < in.size(); ++i)
     TORCH_CHECK(in[i].size(0) == d.y.size(0), path, ": ", xkey, in.size() > 1 ? "[" + std::to_string(i) + "]" : "",
                 " has ", in[i].size(0), " samples but ", ykey, " has ", d.y.size(0));
@@ -74,7 +80,7 @@ Dataset take(const Dataset& d, const torch::Tensor& idx) {
 
 /// The train and valid sets: valid_x given, or a seeded kTensorFileValidFraction of x.
 DatasetSplit split_of(const std::vector<c10::IValue>& x, const c10::IValue& y, const std::vector<c10::IValue>& valid_x,
-                      const c10::IValue& valid_y, uint64_t seed, const std::string& path) {
+                      const c10::IValue& valid_y, uint64_t seed, const std::string& path, const std::string& valid_hint) {
   DatasetSplit split;
   const Dataset all = dataset_of(x, y, "x", "y", path);
   if (!valid_x.empty()) {
@@ -85,8 +91,8 @@ DatasetSplit split_of(const std::vector<c10::IValue>& x, const c10::IValue& y, c
   } else {
     const int64_t n = all.size();
     const auto n_valid = static_cast<int64_t>(static_cast<double>(n) * kTensorFileValidFraction);
-    TORCH_CHECK(n_valid > 0 && n_valid < n, path, " has ", n, " samples: too few to keep ",
-                kTensorFileValidFraction * 100, "% for validation (add 'valid_x' and 'valid_y')");
+    TORCH_CHECK(n_valid > 0 && n_valid < n, path, " has ", n, n == 1 ? " sample" : " samples", ": too few to keep ",
+                kTensorFileValidFraction * 100, "% for validation (", valid_hint, ")");
     at::Generator gen = at::detail::createCPUGenerator(seed);
     const torch::Tensor order = at::randperm(n, gen, at::kLong);
     split.train = take(all, order.slice(0, n_valid));
@@ -133,7 +139,7 @@ DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& path
     TORCH_CHECK(!valid_x.empty(), path, ": 'valid_x' is an empty list; it needs one tensor per model input");
   }
   return split_of(inputs_of(dict.at("x"), "x", path), dict.at("y"), valid_x,
-                  dict.contains("valid_y") ? dict.at("valid_y") : c10::IValue(), seed, path);
+                  dict.contains("valid_y") ? dict.at("valid_y") : c10::IValue(), seed, path, "add 'valid_x' and 'valid_y'");
 }
 
 DatasetSplit tensor_split(const std::vector<torch::Tensor>& x, const torch::Tensor& y,
@@ -143,7 +149,8 @@ DatasetSplit tensor_split(const std::vector<torch::Tensor>& x, const torch::Tens
   TORCH_CHECK(!x.empty(), source, ": x holds no tensor; it needs one tensor per model input");
   TORCH_CHECK(y.defined(), source, ": y is missing");
   TORCH_CHECK(valid_x.empty() == !valid_y.defined(), source, ": ", valid_x.empty() ? "valid y without valid x" : "valid x without valid y");
-  return split_of(values(x), y, values(valid_x), valid_y.defined() ? c10::IValue(valid_y) : c10::IValue(), seed, source);
+  return split_of(values(x), y, values(valid_x), valid_y.defined() ? c10::IValue(valid_y) : c10::IValue(), seed, source,
+                  "give more samples, or validation data of its own");
 }
 
 } // namespace mixtrain::data

@@ -202,9 +202,12 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   // Judging needs a loss at the start (the mean of the first 5 steps) and one at the
   // end that are not the same steps.
   const int64_t steps = o.epochs() * baseline->dls().train.num_batches();
-  TORCH_CHECK(steps >= kMinCompareSteps, "too few training steps to judge: ", steps, " (", o.epochs(), " epoch(s) of ",
-              baseline->dls().train.num_batches(), " batches); the comparison needs at least ", kMinCompareSteps,
-              ": more training data, more epochs or a smaller batch size");
+  if (steps < kMinCompareSteps)  // an option's fault (a ValueError in Python), said before anything trains
+    throw OptionError("epochs", "too few training steps to judge: " + std::to_string(steps) + " (" +
+                                    std::to_string(o.epochs()) + " epoch(s) of " +
+                                    std::to_string(baseline->dls().train.num_batches()) + " batches); the comparison needs at least " +
+                                    std::to_string(kMinCompareSteps) + ": more training data, more " + Phrase::name("epochs") +
+                                    " or a smaller " + Phrase::name("bs"));
   ev.inputs = check_inputs(baseline->dls().train.dataset().x);
 
   // D first: nothing else needs to run when the precision cannot.

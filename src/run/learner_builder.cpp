@@ -165,9 +165,19 @@ torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, c
     model.module().train();
     // A Python caller gets a ValueError: it is the data (or the model) that is wrong, not the run.
     const std::string source = source_line_of(e);
+    const std::string cause = innermost_message(e);
+    // A dtype mismatch has a usual cause, and a fix worth saying.
+    std::string hint;
+    if (cause.find("dtype") != std::string::npos || cause.find("scalar type") != std::string::npos) {
+      for (const auto& x : probe.inputs())
+        if (x.scalar_type() == torch::kByte) hint = "; the inputs are uint8: convert them to float (x.float() / 255 for images)";
+      for (const auto& p : model.module().parameters())
+        if (hint.empty() && p.scalar_type() == torch::kDouble)
+          hint = "; the model's parameters are float64: convert it with model.float()";
+    }
     throw OptionError("data", Phrase("the model does not run on " + which +
                                      (site ? " (in " + site->str() + ")" : source.empty() ? "" : " (at " + source + ")") +
-                                     ": " + innermost_message(e)));
+                                     ": " + cause + hint));
   }
   model.module().train();
   return pred;

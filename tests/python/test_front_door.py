@@ -2,6 +2,7 @@
 models and tensors in, a Diagnosis / Result / LrFind out, no files unless asked.
 Run by ctest (PythonFrontDoor) with PYTHONPATH set to the build tree's package.
 """
+import copy
 import os
 import signal
 import threading
@@ -64,6 +65,26 @@ class Unscriptable(Mlp):
         return self.head(self.body(inputs[0]))
 
 
+class TakesDict(Mlp):
+    def forward(self, batch: Dict[str, torch.Tensor]):
+        return self.head(self.body(batch["x"]))
+
+
+class Doubled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        return a * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class CallsAutogradFunction(Mlp):
+    def forward(self, x):
+        return self.head(self.body(Doubled.apply(x)))
+
+
 FAST = dict(bs=32, lr=1e-2, threads=1)
 
 
@@ -76,7 +97,9 @@ def seeded(tmp_path, monkeypatch):
 def test_the_doctor_names_an_overflowing_layer_and_proves_its_fix(tmp_path):
     d = mixtrain.doctor(Overflowing(), blobs(), **FAST)
     assert d.verdict == "forward_overflow", d.report
-    assert d.evidence["first_overflow"]["where"] == "proj (aten::linear)"
+    assert d.measurements["first_overflow"]["where"] == "proj (aten::linear)"
+    assert any("proj (aten::linear)" in line for line in d.evidence), d.evidence  # the report's evidence lines
+    assert all(line in d.report for line in d.evidence + d.fixes)
     assert d.proven_fix is not None, d.report
     assert d.proven_fix["flags"] == 'keep_fp32=["proj"]'  # in Python's words, ready to pass back
     assert "keep_fp32=" in d.fixes[0]
@@ -163,6 +186,83 @@ def test_keywords_take_numpy_numbers_and_lists_of_split_points():
         mixtrain.train(Mlp(), (x, y), split_at=[1.5])
 
 
+def test_data_as_users_hold_it_dataloader_dataset_numpy(capfd):
+    np = pytest.importorskip("numpy")
+    from torch.utils.data import DataLoader, TensorDataset
+    x, y = blobs(512)
+    # A shuffling DataLoader, read once under the seed: the same samples on every call.
+    loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
+    model = Mlp()
+    twin = copy.deepcopy(model)
+    first = mixtrain.train(model, loader, epochs=1, **FAST)
+    torch.manual_seed(123)  # the caller's generator state does not change what is read
+    again = mixtrain.train(twin, loader, epochs=1, **FAST)
+    untimed = lambda epochs: [{k: v for k, v in e.items() if k not in ("time", "seconds")} for e in epochs]
+    assert untimed(first.epochs) == untimed(again.epochs)
+    out = capfd.readouterr().out
+    assert "mixtrain: notice: data: 512 samples from the first 8 batches of the DataLoader, read once under seed=" in out
+    # A map-style Dataset: at most max_samples, drawn once in a seeded order, and said.
+    r = mixtrain.train(Mlp(), TensorDataset(x, y), max_samples=300, epochs=1, **FAST)
+    assert r.summary["train_samples"] == 240
+    assert "300 of the Dataset's 512 samples, drawn once in an order seeded by seed=" in capfd.readouterr().out
+    # Numpy arrays, and int32 targets.
+    r = mixtrain.train(Mlp(), (x.numpy(), y.numpy().astype(np.int32)), epochs=1, **FAST)
+    assert len(r.epochs) == 1
+    # The doctor on a DataLoader: both runs see the same samples (one draw).
+    d = mixtrain.doctor(Mlp(), loader, epochs=2, **FAST)
+    assert d.verdict == "healthy", d.report
+    with pytest.raises(ValueError, match="item 0 is a str, not an \\(x, y\\) pair"):
+        mixtrain.train(Mlp(), ["ab", "cd"], **FAST)
+
+
+def test_validation_data_is_checked_before_anything_trains():
+    x, y = blobs()
+    model = Mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="the model does not run on the validation data"):
+        mixtrain.train(model, (x, y), valid=(x[:, :10], y), epochs=1, **FAST)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the model is untouched
+
+
+def test_what_libtorch_would_raise_deep_inside_is_one_line_first():
+    x, y = blobs(256)
+    frozen = Mlp()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="every parameter of the model is frozen"):
+        mixtrain.train(frozen, (x, y), **FAST)
+    with pytest.raises(ValueError, match="on the meta device"):
+        mixtrain.train(Mlp().to("meta"), (x, y), **FAST)
+    with pytest.raises(ValueError, match="float64: .* pass model.float\\(\\)"):
+        mixtrain.train(Mlp().double(), (x, y), **FAST)
+    with pytest.raises(TypeError, match="the model's forward takes batch: Dict\\[str, Tensor\\]"):
+        mixtrain.train(TakesDict(), (x, y), **FAST)
+    with pytest.raises(TypeError, match="the model's forward calls Python \\(Doubled"):
+        mixtrain.train(CallsAutogradFunction(), (x, y), **FAST)
+    with pytest.raises(ValueError, match="too few training steps to judge"):
+        mixtrain.doctor(Mlp(), (x[:40], y[:40]), epochs=1, **FAST)
+    with pytest.raises(ValueError, match="invalid num_it=2: must be >= 7"):
+        mixtrain.lr_find(Mlp(), (x, y), num_it=2, bs=32, threads=1)
+    with pytest.raises(ValueError, match="data has 1 sample: too few to keep 20% for validation; pass more, or valid="):
+        mixtrain.train(Mlp(), (x[:1], y[:1]), bs=1)
+    with pytest.raises(ValueError, match="the inputs are uint8: convert them to float"):
+        mixtrain.train(Mlp(), ((x * 10).clamp(0, 255).to(torch.uint8), y), **FAST)
+
+
+def test_a_second_train_into_the_same_out_is_refused_and_a_stop_without_out_names_no_file(tmp_path):
+    x, y = blobs(256)
+    mixtrain.train(Mlp(), (x, y), epochs=1, out=tmp_path / "run", **FAST)
+    with pytest.raises(ValueError, match="holds a run already; pass another folder, or force=True"):
+        mixtrain.train(Mlp(), (x, y), epochs=1, out=tmp_path / "run", **FAST)
+    mixtrain.train(Mlp(), (x, y), epochs=1, out=tmp_path / "run", force=True, **FAST)
+    bad = x.clone()
+    bad[:, 0] = float("nan")
+    with pytest.warns(RuntimeWarning) as caught:
+        r = mixtrain.train(Mlp(), (bad, y), epochs=1, **FAST)
+    assert r.stopped and "held by the returned model" in r.stopped and "checkpoint-" not in r.stopped, r.stopped
+    assert len(caught) == 1
+
+
 def test_a_model_returning_a_dict_trains_on_its_logits(capfd):
     r = mixtrain.train(DictOut(), blobs(), precision="fp16", epochs=3, **FAST)
     assert r.epochs[-1]["accuracy"] > 0.8
@@ -226,7 +326,7 @@ def test_the_doctor_runs_on_an_eager_torchvision_model():
     d = mixtrain.doctor(model, (x, y), bs=16, lr=1e-3, epochs=2, threads=2, max_trials=1)
     assert d.model_source == "scripted with torch.jit.script"
     assert d.verdict == "healthy", d.report
-    assert d.evidence["fp32"]["accuracy"] > 0.6, d.report
+    assert d.measurements["fp32"]["accuracy"] > 0.6, d.report
 
 
 def test_a_bf16_model_is_trained_bf16_pure_and_given_back_in_bf16(capfd):

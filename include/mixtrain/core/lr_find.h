@@ -12,8 +12,9 @@
 namespace mixtrain {
 
 struct LrFindOptions {
-  /// The fewest steps a sweep reads a curve from.
-  static constexpr int64_t kMinSteps = 2;
+  /// The fewest steps a sweep reads a curve from. The suggestions read the sweep without its last 5 steps (fastai's trim) and need
+  /// two points: fewer steps would give nan suggestions, not a sweep.
+  static constexpr int64_t kMinSteps = 7;
   /// First learning rate (> 0).
   TORCH_ARG(double, start_lr) = 1e-7;
   /// Last learning rate (above start_lr).
