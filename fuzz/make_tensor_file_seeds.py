@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Writes the tensor_file fuzz target's seeds (real torch.save files) and the
-crafted file of the hostile test: x claims 300 rows over a storage of 100.
+crafted files of the hostile test: x claims 300 (or 2,000,000) rows over a
+storage of 100. The tests read them from fuzz/regressions/tensor_file/.
 
   /usr/bin/python3 fuzz/make_tensor_file_seeds.py   (from the repository root)
 """
@@ -39,3 +40,6 @@ buf = io.BytesIO()
 torch.save({"x": torch.randn(100, 7), "y": torch.zeros(300, dtype=torch.long)}, buf)
 crafted = edit_pickle(buf.getvalue(), b"K\x64K\x07", b"M\x2c\x01K\x07")  # 100 -> 300 (BININT2)
 open("fuzz/regressions/tensor_file/rows-past-storage.pt", "wb").write(crafted)
+# And one claiming 2,000,000 rows (BININT).
+crafted = edit_pickle(buf.getvalue(), b"K\x64K\x07", b"J\x80\x84\x1e\x00K\x07")
+open("fuzz/regressions/tensor_file/rows-far-past-storage.pt", "wb").write(crafted)

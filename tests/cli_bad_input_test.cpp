@@ -29,10 +29,13 @@ std::string mlp_on(const std::string& data, const std::string& model = "mlp.pt",
 bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 
 TEST(CliBadInputTest, ATensorClaimingMoreRowsThanItsStorageIsRefusedNotRead) {
-  for (const char* data : {"rows_past_storage.pt", "rows_far_past_storage.pt"}) {
+  // The hostile tester's files (fuzz/make_tensor_file_seeds.py wrote them): x claims 300 or
+  // 2,000,000 rows over a storage of 100.
+  for (const char* data : {"rows-past-storage.pt", "rows-far-past-storage.pt"}) {
     SCOPED_TRACE(data);
     const std::string out = test::scratch_dir("bad_storage") + "/run";
-    const auto r = run_cli("train" + mlp_on(data) + " --epochs 1 --out " + out);
+    const auto r = run_cli("train --model " + file("mlp.pt") + " --data " MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file/" +
+                           data + " --bs 32 --threads 1 --epochs 1 --out " + out);
     EXPECT_EQ(r.code, 2) << r.err;  // not 139
     EXPECT_TRUE(contains(r.err, "tensor 'x' of shape [")) << r.err;
     EXPECT_TRUE(contains(r.err, "bytes of data but the file holds 2800 for it")) << r.err;
