@@ -6,7 +6,13 @@
 #include "util/tensor_bounds.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
 
 #include <iostream>
 #include <string>
@@ -49,6 +55,36 @@ torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::
   const bool small_int = at::isIntegralType(t.scalar_type(), /*includeBool=*/false) && t.scalar_type() != at::kLong;
   if (small_int && (is_target || t.scalar_type() != at::kByte)) t = t.to(at::kLong);
   return t.contiguous();
+}
+
+/// torch::jit::pickle_load, keeping the size of the buffer each storage record was
+/// read into: libtorch sizes a storage by the element count the pickle claims, so a
+/// file could claim more than its record holds (the fuzzer found one), and the
+/// storage check needs the real size.
+c10::IValue unpickle(const std::string& bytes, std::unordered_map<const void*, size_t>& buffer_sizes) {
+  caffe2::serialize::PyTorchStreamReader archive(
+      std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+  at::DataPtr pickle;
+  size_t pickle_size = 0;
+  std::tie(pickle, pickle_size) = archive.getRecord("data.pkl");
+  size_t done = 0;
+  const auto* text = static_cast<const char*>(pickle.get());
+  auto read = [&](char* out, size_t n) {
+    n = std::min(n, pickle_size - done);
+    if (n) std::memcpy(out, text + done, n);
+    done += n;
+    return n;
+  };
+  auto read_record = [&](const std::string& name) {
+    at::DataPtr data;
+    size_t size = 0;
+    std::tie(data, size) = archive.getRecord("data/" + name);
+    buffer_sizes[data.get()] = size;
+    return data;
+  };
+  torch::jit::Unpickler unpickler(read, nullptr, nullptr, read_record, c10::nullopt);
+  unpickler.set_version(archive.version());
+  return unpickler.parse_ivalue();
 }
 
 /// x: one tensor, or a list/tuple of tensors (the model's inputs in order).
@@ -109,8 +145,9 @@ DatasetSplit load_tensor_file(const std::string& path, uint64_t seed) {
 
 DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& path, uint64_t seed) {
   c10::IValue loaded;
+  std::unordered_map<const void*, size_t> buffer_sizes;
   try {
-    loaded = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    loaded = unpickle(bytes, buffer_sizes);
   } catch (const c10::Error& e) {
     // libtorch's unpickler lacks some opcodes Python writes (a dict with one key uses SETITEM).
     const std::string why = detail::first_line(e.what());
@@ -122,7 +159,7 @@ DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& path
     TORCH_CHECK(false, path, " is not a file written by torch.save, or is damaged (", detail::first_line(e.what()), ")");
   }
   // Before anything reads a tensor: each must fit the storage the file holds.
-  detail::check_tensors_in_storage(loaded, path);
+  detail::check_tensors_in_storage(loaded, path, "", &buffer_sizes);
   TORCH_CHECK(loaded.isGenericDict(), path, " holds a ", kind_of(loaded),
               ", not a dict with keys 'x', 'y' (and optionally 'valid_x', 'valid_y')");
   const auto dict = loaded.toGenericDict();

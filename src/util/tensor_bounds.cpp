@@ -4,6 +4,7 @@
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace mixtrain::detail {
@@ -19,38 +20,40 @@ std::string shape_text(const at::Tensor& t) {
 /// Objects nest (a module's submodules); a file cannot make the walk recurse without end.
 constexpr int kMaxDepth = 256;
 
-void walk(const c10::IValue& v, const std::string& what, const std::string& name, int depth) {
+void walk(const c10::IValue& v, const std::string& what, const std::string& name, int depth,
+          const std::unordered_map<const void*, size_t>* sizes) {
   TORCH_CHECK(depth < kMaxDepth, what, ": values nested more than ", kMaxDepth, " deep");
   const auto child = [&](const std::string& part, bool index) {
     return name.empty() ? part : index ? name + "[" + part + "]" : name + "." + part;
   };
   if (v.isTensor()) {
-    check_tensor_in_storage(v.toTensor(), what, name.empty() ? "(top level)" : name);
+    check_tensor_in_storage(v.toTensor(), what, name.empty() ? "(top level)" : name, sizes);
   } else if (v.isTensorList()) {
     const auto list = v.toTensorList();
-    for (size_t i = 0; i < list.size(); ++i) check_tensor_in_storage(list.get(i), what, child(std::to_string(i), true));
+    for (size_t i = 0; i < list.size(); ++i) check_tensor_in_storage(list.get(i), what, child(std::to_string(i), true), sizes);
   } else if (v.isList()) {
     const auto list = v.toListRef();
-    for (size_t i = 0; i < list.size(); ++i) walk(list[i], what, child(std::to_string(i), true), depth + 1);
+    for (size_t i = 0; i < list.size(); ++i) walk(list[i], what, child(std::to_string(i), true), depth + 1, sizes);
   } else if (v.isTuple()) {
     const auto& items = v.toTupleRef().elements();
-    for (size_t i = 0; i < items.size(); ++i) walk(items[i], what, child(std::to_string(i), true), depth + 1);
+    for (size_t i = 0; i < items.size(); ++i) walk(items[i], what, child(std::to_string(i), true), depth + 1, sizes);
   } else if (v.isGenericDict()) {
     for (const auto& kv : v.toGenericDict())
       walk(kv.value(), what, child(kv.key().isString() ? kv.key().toStringRef() : kv.key().tagKind(), !kv.key().isString()),
-           depth + 1);
+           depth + 1, sizes);
   } else if (v.isObject()) {
     const auto obj = v.toObject();
     const auto type = obj->type();
     for (size_t i = 0; i < obj->slots().size(); ++i)
       walk(obj->getSlot(i), what, child(i < type->numAttributes() ? type->getAttributeName(i) : std::to_string(i), false),
-           depth + 1);
+           depth + 1, sizes);
   }
 }
 
 } // namespace
 
-void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const std::string& name) {
+void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const std::string& name,
+                             const std::unordered_map<const void*, size_t>* buffer_sizes) {
   if (!t.defined() || t.is_sparse() || t.is_quantized() || t.device().is_meta()) return;
   const auto named = [&] {
     return what + ": tensor '" + name + "' of shape " + shape_text(t);
@@ -74,13 +77,19 @@ void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const
   TORCH_CHECK(offset >= 0 && last <= kMax - offset - 1 && (last + offset + 1) <= kMax / item, named(),
               " reaches past any storage: the file is damaged");
   const int64_t needed = (offset + last + 1) * item;
-  const auto held = static_cast<int64_t>(t.storage().nbytes());
+  auto held = static_cast<int64_t>(t.storage().nbytes());
+  if (buffer_sizes) {
+    const auto it = buffer_sizes->find(t.storage().data());
+    TORCH_CHECK(it != buffer_sizes->end(), named(), " has data that is no record of the file: the file is damaged");
+    held = std::min(held, static_cast<int64_t>(it->second));
+  }
   TORCH_CHECK(needed <= held, named(), " needs ", needed, " bytes of data but the file holds ", held,
               " for it: the file is damaged or was edited");
 }
 
-void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name) {
-  walk(v, what, name, 0);
+void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name,
+                              const std::unordered_map<const void*, size_t>* buffer_sizes) {
+  walk(v, what, name, 0, buffer_sizes);
 }
 
 } // namespace mixtrain::detail

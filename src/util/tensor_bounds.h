@@ -10,17 +10,24 @@
 #include <ATen/core/ivalue.h>
 
 #include <string>
+#include <unordered_map>
 
 namespace mixtrain::detail {
 
 /// Throws c10::Error "<what>: tensor <name> claims ... but its storage holds ..."
 /// when `t`'s sizes, strides, offset and dtype reach past its storage (or a size
 /// or stride is negative).
-void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const std::string& name);
+/// `buffer_sizes`, when given, holds the real size of every buffer the file's
+/// records were read into (by address): libtorch sizes a storage by the element
+/// count the pickle claims, not by the record the file holds for it, so a storage
+/// may claim more bytes than its buffer has. The check then uses the smaller.
+void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const std::string& name,
+                             const std::unordered_map<const void*, size_t>* buffer_sizes = nullptr);
 
 /// The same for every tensor inside `v`: lists, tuples, dicts, and the attributes
 /// of objects (a TorchScript module's parameters and submodules). Tensors are
 /// named by their path in `v` ("x", "valid_x[1]", "fc.weight").
-void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name = "");
+void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name = "",
+                              const std::unordered_map<const void*, size_t>* buffer_sizes = nullptr);
 
 } // namespace mixtrain::detail
