@@ -6,7 +6,7 @@
 #include "util/tensor_bounds.h"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
 
@@ -57,13 +57,29 @@ torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::
   return t.contiguous();
 }
 
+/// The file's bytes for libtorch's zip reader, which may ask past the end of a
+/// damaged file (caffe2's MemoryReadAdapter would copy from there: the fuzzer's find).
+class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReader(const std::string& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - static_cast<size_t>(pos));
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::string& bytes_;
+};
+
 /// torch::jit::pickle_load, keeping the size of the buffer each storage record was
 /// read into: libtorch sizes a storage by the element count the pickle claims, so a
 /// file could claim more than its record holds (the fuzzer found one), and the
 /// storage check needs the real size.
 c10::IValue unpickle(const std::string& bytes, std::unordered_map<const void*, size_t>& buffer_sizes) {
-  caffe2::serialize::PyTorchStreamReader archive(
-      std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+  caffe2::serialize::PyTorchStreamReader archive(std::make_unique<BoundedReader>(bytes));
   at::DataPtr pickle;
   size_t pickle_size = 0;
   std::tie(pickle, pickle_size) = archive.getRecord("data.pkl");
