@@ -74,10 +74,11 @@ class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
   const std::string& bytes_;
 };
 
-/// Walks the pickle's opcodes and refuses a length that reaches past its end:
-/// libtorch's unpickler reserves a string of the stated length before reading
-/// it, so a damaged BINUNICODE claiming 4 GB would allocate 4 GB (the fuzzer's
-/// third find). Opcodes this walk does not know end it; the unpickler says what
+/// Walks the pickle's opcodes and refuses a length that reaches past its end, or
+/// a memo index no pickle of this size can have: libtorch's unpickler reserves a
+/// string of the stated length, and a memo table up to the stated index, before
+/// reading on, so a damaged BINUNICODE or LONG_BINPUT would allocate gigabytes
+/// (the fuzzer's third and fourth finds). Opcodes this walk does not know end it; the unpickler says what
 /// is wrong with them.
 void check_pickle_lengths(const char* data, size_t size) {
   size_t at = 0;
@@ -108,7 +109,14 @@ void check_pickle_lengths(const char* data, size_t size) {
       // Fixed-size arguments.
       case 0x80: case 'q': case 'K': case 'h': case 0x82: need(1); break;
       case 'M': case 0x83: need(2); break;
-      case 'r': case 'J': case 'j': case 0x84: need(4); break;
+      case 'J': case 0x84: need(4); break;
+      // A memo index sizes the unpickler's memo table (a 4-byte one could ask for
+      // 4G entries): a pickle puts at most one entry per opcode.
+      case 'r': case 'j': {
+        const uint64_t index = le(4);
+        TORCH_CHECK(index < size, "damaged: its pickle names memo entry ", index, " in ", size, " bytes");
+        break;
+      }
       case 'G': case 0x95: need(8); break;
       // Length-prefixed arguments: the length must fit what is left.
       case 'C': case 'U': case 0x8c: case 0x8a: need(le(1)); break;
