@@ -1,23 +1,17 @@
-"""Writes the models and data files of the bad-input tests (tests/cli_bad_input_test.cpp):
-what a hostile tester, or an unlucky user, hands mixtrain. Run with Debian's python3-torch:
-
-    /usr/bin/python3 tests/python/export_bad_input.py OUT_DIR
-
-Everything is seeded, so the files are the same on every run.
+"""The bad-input tests' files (tests/cli_bad_input_test.cpp): what a hostile tester, or an
+unlucky user, hands mixtrain. `/usr/bin/python3 tests/python/export_bad_input.py OUT_DIR`
+(Debian's python3-torch); seeded, so every run writes the same files.
 """
-import os
+import pathlib
 import sys
 
 import torch
 import torch.nn as nn
 
-out = sys.argv[1]
-os.makedirs(out, exist_ok=True)
+folder = pathlib.Path(sys.argv[1])
+folder.mkdir(parents=True, exist_ok=True)
 torch.manual_seed(0)
-
-
-def path(name):
-    return os.path.join(out, name)
+path = lambda name: str(folder / name)  # noqa: E731
 
 
 class MLP(nn.Module):
