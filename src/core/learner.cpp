@@ -374,10 +374,8 @@ void Learner::do_one_batch() {
     // which a second forward would only meet again.
     const std::string cause = innermost_message(e);
     if (cause.find("out of memory") != std::string::npos) throw;
-    const auto site = locate_failure([&] { (void)model_.forward(inputs); });
-    const std::string source = source_line_of(e);
-    TORCH_CHECK(false, "the model's forward failed", site ? " in " + site->str() : source.empty() ? "" : " at " + source,
-                ": ", cause);
+    const std::string place = failure_place(e, [&] { (void)model_.forward(inputs); });
+    TORCH_CHECK(false, "the model's forward failed", place.empty() ? "" : " " + place, ": ", cause);
   }
   run(Event::after_pred);
   loss_grad_ = loss_fn_(pred_, batch_.y);

@@ -13,6 +13,7 @@
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/core/learner.h"
+#include "mixtrain/models/failure_site.h"
 #include "mixtrain/util/option_error.h"
 
 #include <torch/torch.h>
@@ -149,11 +150,10 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
     } catch (const callbacks::StopRequested&) {  // the user's stop is not a failed trial
       throw;
     } catch (const std::exception& e) {  // a fix this model cannot take: the trial failed, and says why
-      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
       Trial failed;
       failed.fix = c.fix;
       failed.settings = c.settings;
-      failed.error = mixtrain::detail::torch_error_cause(c10_error ? c10_error->what_without_backtrace() : e.what());
+      failed.error = innermost_message(e);
       failed.verdict = d.verdict;
       d.trials.push_back(std::move(failed));
       std::cout << "doctor: trial failed: " << d.trials.back().error << std::endl;

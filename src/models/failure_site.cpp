@@ -73,6 +73,12 @@ std::string innermost_message(const std::exception& e) {
   return named ? line.substr(colon + 2) : line;
 }
 
+std::string failure_place(const std::exception& e, const std::function<void()>& rerun) {
+  if (const auto site = locate_failure(rerun)) return "in " + site->str();
+  const std::string source = source_line_of(e);
+  return source.empty() ? "" : "at " + source;
+}
+
 std::string source_line_of(const std::exception& e) {
   const std::string text = e.what();
   const size_t file = text.rfind("File \"");

@@ -161,10 +161,9 @@ torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, c
     throw;
   } catch (const std::exception& e) {
     // Where it failed, when the error does not say (a TorchScript traceback names no module).
-    const auto site = locate_failure([&] { (void)model.forward(model.inputs_for(probe)); });  // nullopt: the loss failed
+    const std::string place = failure_place(e, [&] { (void)model.forward(model.inputs_for(probe)); });  // "": the loss failed
     model.module().train();
     // A Python caller gets a ValueError: it is the data (or the model) that is wrong, not the run.
-    const std::string source = source_line_of(e);
     const std::string cause = innermost_message(e);
     // A dtype mismatch has a usual cause, and a fix worth saying.
     std::string hint;
@@ -176,7 +175,7 @@ torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, c
           hint = "; the model's parameters are float64: convert it with model.float()";
     }
     throw OptionError("data", Phrase("the model does not run on " + which +
-                                     (site ? " (in " + site->str() + ")" : source.empty() ? "" : " (at " + source + ")") +
+                                     (place.empty() ? "" : " (" + place + ")") +
                                      ": " + cause + hint));
   }
   model.module().train();

@@ -32,6 +32,11 @@ std::optional<FailureSite> locate_failure(const std::function<void()>& rerun);
 /// traceback's innermost frame), or "" when the error carries no traceback.
 std::string source_line_of(const std::exception& e);
 
+/// Where the forward that threw `e` failed, for an error line: the module and op
+/// ("in layers.1 (aten::linear)", found by rerunning the forward with `rerun`), else
+/// the model's source line ("at model.py:34", for a `raise`), else "".
+std::string failure_place(const std::exception& e, const std::function<void()>& rerun);
+
 /// The line that says what failed: TorchScript's interpreter puts its traceback
 /// first and the failing op's own message last ("RuntimeError: boom"); other
 /// errors, their first line.
