@@ -73,3 +73,50 @@ TEST(AutocastTest, TheCacheFlagIsSetAndRestored) {
 }
 
 } // namespace
+
+namespace {
+
+// nn.MultiheadAttention's and nn.TransformerEncoderLayer's eval fast paths call these
+// fused kernels with an activation autocast made bf16 and the module's fp32 weights.
+torch::Tensor fused_attention(const torch::Tensor& x) {
+  const int64_t d = x.size(-1);
+  torch::manual_seed(0);
+  const auto w = [](int64_t rows, int64_t cols) { return torch::randn({rows, cols}) * 0.1; };
+  return std::get<0>(at::_native_multi_head_attention(x, x, x, d, /*num_head=*/2, w(3 * d, d), torch::zeros({3 * d}),
+                                                       w(d, d), torch::zeros({d}), {}, /*need_weights=*/false));
+}
+
+torch::Tensor fused_encoder_layer(const torch::Tensor& x) {
+  const int64_t d = x.size(-1);
+  torch::manual_seed(0);
+  const auto w = [](int64_t rows, int64_t cols) { return torch::randn({rows, cols}) * 0.1; };
+  return at::_transformer_encoder_layer_fwd(x, d, /*num_heads=*/2, w(3 * d, d), torch::zeros({3 * d}), w(d, d),
+                                            torch::zeros({d}), /*use_gelu=*/false, /*norm_first=*/false, 1e-5,
+                                            torch::ones({d}), torch::zeros({d}), torch::ones({d}), torch::zeros({d}),
+                                            w(2 * d, d), torch::zeros({2 * d}), w(d, 2 * d), torch::zeros({d}));
+}
+
+TEST(AutocastTest, FusedAttentionKernelsRunUnderCpuAutocastInTheAutocastDtype) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor x = torch::randn({2, 5, 8});
+  const torch::Tensor activation = x.to(torch::kBFloat16);  // what a linear before it returns under autocast
+  // Outside autocast the mismatch is an error: these kernels take one dtype.
+  EXPECT_THROW(fused_attention(activation), c10::Error);
+  EXPECT_THROW(fused_encoder_layer(activation), c10::Error);
+  autocast guard(torch::kCPU, torch::kBFloat16);
+  for (const auto& run : {fused_attention, fused_encoder_layer}) {
+    const torch::Tensor y = run(activation);
+    EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+    // bf16's rounding of the fp32 result, not something else.
+    torch::Tensor reference;
+    {
+      autocast off(torch::kCPU, torch::kBFloat16, /*enabled=*/false);
+      reference = run(x);
+    }
+    const double scale = reference.abs().max().item<double>();
+    EXPECT_GT(scale, 0.01);
+    EXPECT_LT((y.to(torch::kFloat) - reference).abs().max().item<double>(), 0.05 * scale);
+  }
+}
+
+} // namespace
