@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 
 namespace mixtrain::amp {
@@ -64,7 +65,8 @@ bool check_precision_supported(c10::ScalarType dtype, c10::Device where, bool al
 void MixedPrecision::prepare_for(Learner& learn) {
   // Decided once per device: before_validate asks again at every epoch of a fit.
   if (prepared_for_ == learn.device()) return;
-  emulated_ = check_precision_supported(dtype_, learn.device(), allow_fp16_emulation_);
+  emulated_ = check_precision_supported(dtype_, learn.device(), allow_fp16_emulation_) ||
+              (fell_back_ && learn.device().is_cpu());
 
   device_type_ = learn.device().type();
   prepared_for_ = learn.device();
@@ -87,6 +89,28 @@ void MixedPrecision::before_batch(Learner& learn) {
     emulation_.emplace(dtype_);
   else if (dtype_ != c10::ScalarType::Float)
     guard_.emplace(device_type_, dtype_);
+}
+
+bool MixedPrecision::retry_forward_emulated(Learner&, const std::function<void()>& forward, const std::string& failure) {
+  if (emulated_ || !guard_ || dtype_ != c10::ScalarType::BFloat16 || device_type_ != c10::DeviceType::CPU) return false;
+  guard_.reset();
+  emulation_.emplace(dtype_);
+  try {
+    forward();
+  } catch (const std::exception&) {  // not a gap of the real path: the caller reports the first failure
+    emulation_.reset();
+    guard_.emplace(device_type_, dtype_);
+    return false;
+  }
+  emulated_ = fell_back_ = true;
+  // Once per process and failure: the doctor's runs of one model meet it in each run.
+  static std::set<std::string> noticed;
+  if (noticed.insert(failure).second)
+    std::cerr << "mixtrain: notice: real CPU bf16 autocast cannot run this model (" << failure
+              << "); bf16 numerics are emulated from here on (rounded through bfloat16, computed in fp32: "
+                 "bf16's results without its speed-up)"
+              << std::endl;
+  return true;
 }
 
 void MixedPrecision::end_forward_region() {

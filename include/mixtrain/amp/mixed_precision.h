@@ -46,6 +46,9 @@ class MixedPrecision : public PrecisionCallback {
   c10::ScalarType dtype() const override { return dtype_; }
   /// Whether the last fit emulated fp16 numerics (fp16 on CPU).
   bool emulated() const override { return emulated_; }
+  /// Real CPU bf16 autocast only: the failed forward runs again under the bf16
+  /// emulation, which stays on for this callback's life when it succeeds.
+  bool retry_forward_emulated(Learner& learn, const std::function<void()>& forward, const std::string& failure) override;
   bool loss_scaled() const override { return scaler_.is_enabled(); }
   double loss_scale() const override { return scaler_.get_scale(); }
   void set_found_inf_reducer(std::function<void(torch::Tensor& flag)> reduce) override {
@@ -100,6 +103,7 @@ class MixedPrecision : public PrecisionCallback {
   c10::DeviceType device_type_ = c10::DeviceType::CPU;
   bool allow_fp16_emulation_;
   bool emulated_ = false;
+  bool fell_back_ = false;  // real CPU bf16 could not run the model: emulated from then on
   std::optional<c10::Device> prepared_for_;  // the device emulated_ was decided for
   std::optional<autocast> guard_;
   std::vector<std::string> keep_fp32_;

@@ -70,6 +70,17 @@ class PrecisionCallback : public Callback {
   /// on a CPU, bf16 on a CPU without bf16 instructions),
   /// as decided at the start of the last fit.
   virtual bool emulated() const { return false; }
+  /// The forward pass failed under the mode's real reduced-precision kernels
+  /// (libtorch's CPU bf16 autocast meets an op it cannot run in bf16): runs `forward`
+  /// again under the emulation instead. When that succeeds the mode stays emulated
+  /// (emulated() is true) and says so once, naming `failure` (where and why the real
+  /// path failed); returns whether it did. Modes without such a fallback, or whose
+  /// retry fails too, return false with everything as it was.
+  virtual bool retry_forward_emulated(Learner&, const std::function<void()>& forward, const std::string& failure) {
+    (void)forward;
+    (void)failure;
+    return false;
+  }
   /// Data parallelism: `reduce` turns a one-element float flag (1 = this rank saw
   /// inf/NaN gradients) into the maximum over all ranks, so every rank skips the
   /// same steps and keeps the same scale. nullptr removes it.
