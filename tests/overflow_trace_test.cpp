@@ -119,6 +119,48 @@ TEST_F(OverflowTraceTest, ElementwiseOpsFedByFp16OpsAreTracedToo) {
   EXPECT_EQ(t.at_risk.front().where(), "fc (aten::addmm)");
 }
 
+/// Features scaled past fp16's range before an RNN, as an Embedding with huge weights
+/// feeds one: fp32 until the RNN, which a GPU runs in fp16 (cuDNN's _cudnn_rnn).
+template <typename Rnn, typename RnnOptions>
+struct RecurrentNetImpl : nn::Module {
+  RecurrentNetImpl()
+      : rnn(register_module("rnn", Rnn(RnnOptions(4, 8).batch_first(true)))),
+        head(register_module("head", nn::Linear(8, 3))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    const torch::Tensor out = std::get<0>(rnn->forward(x.unsqueeze(1).expand({-1, 3, -1}) * 1e5));
+    return head(out.select(1, -1));
+  }
+  Rnn rnn;
+  nn::Linear head;
+};
+
+template <typename Rnn, typename RnnOptions>
+void expect_rnn_overflow_located(const std::string& op) {
+  SCOPED_TRACE(op);
+  auto net = std::make_shared<RecurrentNetImpl<Rnn, RnnOptions>>();
+  auto ds = test::blobs(16, 3, 4);
+  auto dls = data::DataLoaders(data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)),
+                               data::DataLoader(ds, data::DataLoaderOptions().batch_size(16)));
+  Learner learn(Model(nn::ModuleHolder<RecurrentNetImpl<Rnn, RnnOptions>>(net)), std::move(dls), cross_entropy(),
+                LearnerOptions().progress(false));
+  const diagnose::OverflowTrace t = diagnose::trace_overflow(learn, {ds.x, ds.y});
+  ASSERT_TRUE(t.first_overflow.has_value()) << (t.first_fp32_nonfinite ? t.first_fp32_nonfinite->where() : "");
+  EXPECT_EQ(t.first_overflow->where(), "rnn (" + op + ")");
+  EXPECT_TRUE(t.first_overflow->fp16);
+  EXPECT_FALSE(t.first_fp32_nonfinite.has_value());
+
+  // In range, the RNN's outputs are fp16 results: half values, marked so, as cuDNN's are.
+  amp::ReducedPrecisionEmulation emulation;
+  const torch::Tensor out = std::get<0>(net->rnn->forward(torch::randn({2, 3, 4})));
+  EXPECT_TRUE(amp::holds_reduced_result(out));
+  EXPECT_TRUE(torch::equal(out, out.to(torch::kHalf).to(torch::kFloat)));
+}
+
+TEST_F(OverflowTraceTest, AnRnnIsOneFp16OpAsCudnnRunsItOnAGpu) {
+  expect_rnn_overflow_located<nn::LSTM, nn::LSTMOptions>("aten::lstm");
+  expect_rnn_overflow_located<nn::GRU, nn::GRUOptions>("aten::gru");
+}
+
 // Causal attention masks the future with -inf on purpose (masked_fill on fp16 logits):
 // the built-in transformer must not be reported as overflowing.
 TEST_F(OverflowTraceTest, MaskingWithMinusInfinityIsNotAnOverflow) {

@@ -20,7 +20,12 @@ AutocastList autocast_list(const std::string& op_name) {
           "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm",
           "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell",
           "gru_cell", "rnn_tanh_cell", "rnn_relu_cell", "_scaled_dot_product_flash_attention",
-          "scaled_dot_product_attention", "_scaled_dot_product_attention"})
+          "scaled_dot_product_attention", "_scaled_dot_product_attention",
+          // Whole RNNs: CUDA runs nn.LSTM / nn.GRU / nn.RNN through cuDNN's _cudnn_rnn, on the
+          // fp16 list (input, hidden state and weights cast to half, a half result). A CPU
+          // never calls it: aten::lstm decomposes into cells here, so the RNN op itself is
+          // classified as the GPU's _cudnn_rnn is (its inner calls then run unrounded).
+          "_cudnn_rnn", "lstm", "gru", "rnn_tanh", "rnn_relu"})
       m[std::string("aten::") + op] = AutocastList::kLowerPrecision;
     for (const char* op :
          {"acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
