@@ -298,6 +298,37 @@ TEST(ScriptedCliTest, TwoInputsTrainInEmulatedFp16AndPythonReadsTheSameAccuracy)
   EXPECT_NEAR(python, trained, 3.0 / 256);
 }
 
+TEST(ScriptedCliTest, RealCpuBf16TrainsAndValidatesTorchvisionsViT) {
+  if (!compat::cpu_has_native_bf16()) GTEST_SKIP() << "no bf16 units: bf16 is emulated on this CPU";
+  if (!std::filesystem::exists(file("torchvision_vit.pt"))) GTEST_SKIP() << "python3-torchvision is not installed";
+  const std::string out = test::scratch_dir("byo_vit_bf16");
+  // Validation runs nn.MultiheadAttention's fused kernel, which libtorch 1.13's CPU autocast has no rule for.
+  const auto r = run_cli("train --model " + file("torchvision_vit.pt") + " --data " + file("images32_data.pt") +
+                         " --precision bf16 --epochs 1 --bs 32 --threads 1 --force --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("emulated"), std::string::npos) << r.err;  // real bf16, no fallback
+  const auto summary = nlohmann::json::parse(test::slurp(out + "/summary.json"));
+  EXPECT_FALSE(summary.at("emulated").get<bool>());
+  EXPECT_TRUE(std::isfinite(number_after(r.out, "valid loss ")));
+}
+
+TEST(ScriptedCliTest, AModelRealCpuBf16CannotRunFallsBackToTheEmulationOnce) {
+  if (!compat::cpu_has_native_bf16()) GTEST_SKIP() << "no bf16 units: bf16 is emulated on this CPU";
+  const std::string args = "train --model " + file("scatter_sum.pt") + " --data " + file("blobs_split.pt") +
+                           " --precision bf16 --epochs 2 --bs 64 --threads 1 --force --out ";
+  const std::string fallback_out = test::scratch_dir("byo_scatter_fallback");
+  const auto fell_back = run_cli(args + fallback_out);
+  ASSERT_EQ(fell_back.code, 0) << fell_back.err;
+  const std::string notice = "real CPU bf16 autocast cannot run this model (in aten::index_add_: index_add_()";
+  EXPECT_NE(fell_back.err.find(notice), std::string::npos) << fell_back.err;
+  EXPECT_EQ(fell_back.err.find(notice), fell_back.err.rfind(notice)) << "one notice: " << fell_back.err;
+  // It fell back at the first forward: the run is the emulated run from its first step.
+  const auto emulated = run_cli(args + test::scratch_dir("byo_scatter_emulated"), "MIXTRAIN_CPU_BF16=0 ");
+  ASSERT_EQ(emulated.code, 0) << emulated.err;
+  EXPECT_EQ(number_after(fell_back.out, "valid loss "), number_after(emulated.out, "valid loss "));
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(fallback_out + "/summary.json")).at("emulated"), true);
+}
+
 nlohmann::json doctor(const std::string& model, const std::string& data, const std::string& name) {
   const std::string out = test::scratch_dir(name);
   const auto r = run_cli("doctor --model " + model + " --data " + data + " --bs 32 --lr 1e-2 --threads 1 --out " + out);
@@ -317,6 +348,15 @@ TEST(ScriptedCliTest, TheDoctorLocatesAScriptedAttentionOverflowAndPassesAHealth
 
 // The attention classifier's logits overflow fp16 at step 0 while fp32 learns (slowly):
 // forward_overflow, never "fp16 is not the cause", whatever the initial weights.
+TEST(ScriptedCliTest, TheDoctorLocatesAnLstmOverflowAndProvesItsIsland) {
+  const auto d = doctor(file("embedding_lstm_overflow.pt"), file("tokens_data.pt"), "byo_doctor_lstm");
+  EXPECT_EQ(d["verdict"], "forward_overflow") << d.dump(1);
+  EXPECT_NE(d["headline"].get<std::string>().find("at rnn (aten::lstm)"), std::string::npos) << d.dump(1);
+  ASSERT_FALSE(d["trials"].empty()) << d.dump(1);
+  EXPECT_EQ(d["trials"][0]["flags"], "--keep-fp32 rnn") << d.dump(1);
+  EXPECT_EQ(d["proven_fix"]["flags"], "--keep-fp32 rnn") << d.dump(1);
+}
+
 TEST(ScriptedCliTest, AttentionOverflowIsForwardOverflowForEveryInitialWeights) {
   for (const std::string seed : {"", "_seed1", "_seed2", "_seed3", "_seed4"}) {
     SCOPED_TRACE(seed);

@@ -297,4 +297,58 @@ with torch.no_grad():
 torch.jit.script(overflow).save(path("dict_overflow.pt"))
 # The blobs with a validation set of their own, so a plain PyTorch loop sees the same split.
 torch.save({"x": blob_x[:768], "y": blob_y[:768], "valid_x": blob_x[768:], "valid_y": blob_y[768:]}, path("blobs_split.pt"))
+
+# ---- Real CPU bf16: torchvision's ViT (its attention takes a fused kernel in eval),
+# and a model that fills an fp32 buffer in place with an autocast (bf16) result, as
+# message passing does: libtorch's CPU autocast cannot run it, torch.autocast neither.
+class ScatterSum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(20, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.proj(x)
+        pooled = torch.zeros(h.size(0), 16, device=x.device).index_add_(0, torch.arange(h.size(0), device=x.device), h)
+        return self.head(torch.relu(pooled))
+
+
+torch.manual_seed(6)
+torch.jit.script(ScatterSum()).save(path("scatter_sum.pt"))
+
+
+# ---- An Embedding with huge weights feeding an LSTM: fp32 until the LSTM, which a GPU runs in fp16.
+class EmbeddingLstm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.rnn = nn.LSTM(16, 32, batch_first=True)
+        self.head = nn.Linear(32, 4)
+        with torch.no_grad():
+            self.emb.weight.mul_(1e5)
+
+    def forward(self, x):
+        h, _ = self.rnn(self.emb(x))
+        return self.head(h[:, -1])
+
+
+torch.manual_seed(9)
+torch.jit.script(EmbeddingLstm()).save(path("embedding_lstm_overflow.pt"))
+tokens = torch.randint(0, 50, (512, 12), generator=torch.Generator().manual_seed(10))
+torch.save({"x": tokens[:384], "y": tokens[:384, -1] % 4, "valid_x": tokens[384:], "valid_y": tokens[384:, -1] % 4},
+           path("tokens_data.pt"))
+try:
+    import torchvision
+except ImportError:  # the ViT test skips without it
+    torchvision = None
+if torchvision is not None:
+    torch.manual_seed(7)
+    vit_b = torchvision.models.VisionTransformer(image_size=32, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32,
+                                                 mlp_dim=64, num_classes=10)
+    torch.jit.script(vit_b).save(path("torchvision_vit.pt"))
+    g = torch.Generator().manual_seed(8)
+    images = torch.randn(256, 3, 32, 32, generator=g)
+    classes = torch.randint(0, 10, (256,), generator=g)
+    torch.save({"x": images[:192], "y": classes[:192], "valid_x": images[192:], "valid_y": classes[192:]},
+               path("images32_data.pt"))
 print("exported to", out)
