@@ -108,6 +108,32 @@ TEST_F(CompareTest, OverflowingLayerGivesForwardOverflowAndNamesIt) {
   EXPECT_NE(none.report().find("fixes, in order"), std::string::npos);
 }
 
+TEST_F(CompareTest, AFixWhoseTrialFailedIsNotRecommended) {
+  // fc1 overflows fp16; of its fixes, bf16 is one. Here the bf16 trial cannot run
+  // (a model that cannot take it): the report must not still recommend bf16.
+  Scenario s;
+  s.tweak_model = [](Classifier& net) {
+    torch::NoGradGuard g;
+    net->fc1->weight.mul_(1e5);
+    net->fc2->weight.div_(1e5);
+  };
+  auto options = trial_options().epochs(1).lr(1e-2);
+  options.apply_setting([](const diagnose::Setting& st, diagnose::MixedRun& run) {
+    if (st.key == "precision" && st.value == "bf16") throw std::runtime_error("this model cannot take bf16");
+    run::apply_setting(st, run);
+  });
+  const auto d = diagnose::compare(factory(s), options);
+  EXPECT_EQ(d.verdict, diagnose::Verdict::kForwardOverflow) << d.report();
+  const auto bf16 = std::find_if(d.trials.begin(), d.trials.end(), [](const diagnose::Trial& t) {
+    return !t.settings.empty() && t.settings[0].value == "bf16";
+  });
+  ASSERT_NE(bf16, d.trials.end()) << d.report();
+  EXPECT_EQ(bf16->error, "this model cannot take bf16");
+  for (const auto& fix : d.fixes) EXPECT_FALSE(fix.names_setting("precision", "bf16")) << fix.str();
+  EXPECT_FALSE(d.fixes.empty()) << d.report();  // the islands are still recommended
+  EXPECT_TRUE(contains(d.findings, "its trial failed on this model: this model cannot take bf16")) << d.report();
+}
+
 TEST_F(CompareTest, TinyLossScaleGivesUnderflow) {
   // The loss scale 2^-20: scaled gradients fall below fp16's smallest subnormal.
   const auto d = diagnose::compare(

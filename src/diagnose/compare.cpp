@@ -134,6 +134,29 @@ Trial run_trial(const LearnerFactory& make_learner, const CompareOptions& o, con
   return r;
 }
 
+/// A fix whose own trial could not run on this model is not recommended: it moves
+/// from the fixes to the findings, with the trial's error. (A fix names a trial when
+/// it names the trial's first setting, the one that defines it.)
+void withdraw_failed_fixes(Diagnosis& d) {
+  std::vector<Phrase> kept;
+  for (const Phrase& fix : d.fixes) {
+    const Trial* failed = nullptr;
+    bool ran = false;
+    for (const Trial& t : d.trials) {
+      if (t.settings.empty() || !fix.names_setting(t.settings[0].key, t.settings[0].value)) continue;
+      if (t.error.empty())
+        ran = true;
+      else if (!failed)
+        failed = &t;
+    }
+    if (failed && !ran)
+      d.findings.push_back("not recommended: " + fix + "; its trial failed on this model: " + failed->error);
+    else
+      kept.push_back(fix);
+  }
+  d.fixes = std::move(kept);
+}
+
 void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOptions& o,
                const std::vector<torch::Tensor>& initial) {
   const detail::TrialsFor trials = detail::entry(d.verdict).trials;
@@ -170,6 +193,7 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
       }
     }
   }
+  withdraw_failed_fixes(d);
   // The proven fix: the cheapest healthy trial in bytes per parameter, then the
   // smallest gap to fp32 (the autocast modes all cost the same).
   auto cost = [](const Trial& t) { return std::isfinite(t.run.bytes_per_param) ? t.run.bytes_per_param : 1e300; };

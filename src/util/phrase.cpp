@@ -94,4 +94,10 @@ std::vector<std::string> Phrase::keys() const {
   return out;
 }
 
+bool Phrase::names_setting(const std::string& key, const std::string& value) const {
+  for (const auto& p : parts_)
+    if (p.kind == Part::kSetting && p.text == key && p.value == value) return true;
+  return false;
+}
+
 } // namespace mixtrain

@@ -50,6 +50,8 @@ class Phrase {
   bool empty() const { return parts_.empty(); }
   /// The keys of the options it names, in order (a front end may check them).
   std::vector<std::string> keys() const;
+  /// Whether it names option `key` set to `value`.
+  bool names_setting(const std::string& key, const std::string& value) const;
 
  private:
   struct Part {
