@@ -120,6 +120,12 @@ TEST(CliTest, Bf16MasterRunReportsParameterMemory) {
   EXPECT_NE(summary.find("\"param_bytes_model\": 41268"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"param_bytes_master\": 82152"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"final_scale\": 1024"), std::string::npos) << summary;
+  // model.pt holds the fp32 masters: their own validation is what the run says last, next to the bf16 copy's.
+  EXPECT_NE(summary.find("\"returned_weights\": \"fp32 masters\""), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"returned_valid_accuracy\": "), std::string::npos) << summary;
+  EXPECT_NE(r.out.find("(the fp32 master weights handed back; the bf16 copy validated in training: valid accuracy "),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(CliTest, InterruptAtARandomBatchThenResumeIsBitwiseEqual) {

@@ -402,8 +402,11 @@ class Result:
     """A training run: ``model`` (the trained TorchScript module: call it, or
     torch.jit.save it; an eager model that was scripted shares its parameters, so
     it is trained too), ``epochs`` (one dict per epoch), ``steps`` (per-step loss,
-    lr, loss scale and skipped flag), ``summary``, ``charts`` (SVG text) and
-    ``stopped`` (why the run stopped early on a NaN loss, else None)."""
+    lr, loss scale and skipped flag), ``summary``, ``charts`` (SVG text),
+    ``stopped`` (why the run stopped early on a NaN loss, else None) and
+    ``valid`` (the validation metrics of ``model`` as returned: with master
+    weights the fp32 masters, validated once more after training, while
+    ``epochs`` holds what the 16-bit copy that trained measured)."""
 
     def __init__(self, model, how, native):
         self.model = model
@@ -413,6 +416,12 @@ class Result:
         self.summary = json.loads(native["summary"]) if native["summary"] else {}
         self.charts = dict(native["charts"])
         self.stopped = native.get("stopped")
+        last = dict(self.epochs[-1]) if self.epochs else {}
+        returned = {k[len("returned_valid_"):]: v for k, v in self.summary.items() if k.startswith("returned_valid_")}
+        if returned:  # master weights: the masters' own validation
+            self.valid = dict(returned, valid_loss=returned.pop("loss"))
+        else:
+            self.valid = {k: v for k, v in last.items() if k not in ("epoch", "train_loss", "seconds")}
 
     @property
     def skipped_steps(self):

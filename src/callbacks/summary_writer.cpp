@@ -96,10 +96,22 @@ void SummaryWriter::after_fit(Learner& learn) {
   for (const auto& kv : options_.text()) j[kv.first] = kv.second;
   for (const auto& kv : options_.integers()) j[kv.first] = kv.second;
   for (const auto& kv : options_.numbers()) j[kv.first] = json_number(kv.second);
+  write(j.dump(2) + "\n");
+}
+
+void SummaryWriter::add(const TextFields& text, const NumberFields& numbers) {
+  TORCH_CHECK(!json_.empty(), "SummaryWriter::add: no summary written yet (it is written after a fit)");
+  nlohmann::json j = nlohmann::json::parse(json_);
+  for (const auto& kv : text) j[kv.first] = kv.second;
+  for (const auto& kv : numbers) j[kv.first] = json_number(kv.second);
+  write(j.dump(2) + "\n");
+}
+
+void SummaryWriter::write(std::string json) {
   const std::string& path = options_.path();
   std::ofstream f(path, std::ios::out | std::ios::trunc);
   TORCH_CHECK(f.is_open(), "Cannot write ", path, ": ", std::strerror(errno));
-  json_ = j.dump(2) + "\n";
+  json_ = std::move(json);
   f << json_;
   TORCH_CHECK(f.good(), "Writing ", path, " failed");
 }

@@ -142,6 +142,30 @@ def test_train_trains_the_module_in_place_and_python_calls_it():
     assert model.head.weight.dtype == torch.float32
 
 
+def test_with_master_weights_valid_is_what_the_returned_model_measures(capfd):
+    x, y = blobs()
+    vx, vy = blobs(256, seed=1)
+    ce = nn.CrossEntropyLoss()
+    for precision in ("bf16-master", "bf16"):
+        model = Mlp()
+        r = mixtrain.train(model, (x, y), valid=(vx, vy), precision=precision, epochs=2, **FAST)
+        with torch.no_grad():
+            out = r.model(vx)
+        accuracy = (out.argmax(1) == vy).float().mean().item()
+        if precision == "bf16-master":
+            # The masters, validated in fp32 after training, as the user's own code sees them.
+            assert r.valid["accuracy"] == accuracy
+            assert r.summary["returned_weights"] == "fp32 masters"
+            # mean over 8 batches of 32 vs over all 256: fp32 rounding only
+            assert abs(r.valid["valid_loss"] - ce(out, vy).item()) < 1e-5
+            said = capfd.readouterr().out.strip().splitlines()[-1]
+            assert "(the fp32 master weights handed back; the bf16 copy validated in training: valid accuracy" in said
+            assert said.startswith("valid accuracy %.4f" % accuracy)
+        else:  # autocast: validated as trained, and reported as the last epoch
+            assert r.valid["accuracy"] == r.epochs[-1]["accuracy"]
+            assert "returned_weights" not in r.summary
+
+
 def test_lr_find_suggests_and_draws():
     f = mixtrain.lr_find(Mlp(), blobs(), bs=32, threads=1, num_it=40)
     assert 1e-7 < f.steep < 10 and 1e-7 < f.valley < 10

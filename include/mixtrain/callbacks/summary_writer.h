@@ -49,8 +49,13 @@ class SummaryWriter : public Callback {
   void after_fit(Learner& learn) override;
   /// The last summary written, as JSON text (what the file holds).
   const std::string& json() const { return json_; }
+  /// Adds fields to the summary written by the last fit and writes it again
+  /// (what is known only after the fit: the metrics of the weights handed back).
+  void add(const TextFields& text, const NumberFields& numbers);
 
  private:
+  void write(std::string json);
+
   SummaryWriterOptions options_;
   std::string json_;
   int64_t reads_at_batch_start_ = 0;  // host_reads() when the training batch began
