@@ -168,8 +168,14 @@ torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, c
     // A dtype mismatch has a usual cause, and a fix worth saying.
     std::string hint;
     if (cause.find("dtype") != std::string::npos || cause.find("scalar type") != std::string::npos) {
-      for (const auto& x : probe.inputs())
-        if (x.scalar_type() == torch::kByte) hint = "; the inputs are uint8: convert them to float (x.float() / 255 for images)";
+      for (const auto& x : probe.inputs()) {
+        if (!hint.empty()) break;
+        if (x.scalar_type() == torch::kByte)
+          hint = "; the inputs are uint8: convert them to float (x.float() / 255 for images)";
+        else if (!x.is_floating_point() && x.scalar_type() != torch::kBool)  // int64 pixels, counts, ...
+          hint = std::string("; the inputs are ") + (x.scalar_type() == torch::kLong ? "int64" : c10::toString(x.scalar_type())) +
+                 " integers: if they are features rather than token ids, convert them to float (x.float(), / 255 for 0-255 pixels)";
+      }
       for (const auto& p : model.module().parameters())
         if (hint.empty() && p.scalar_type() == torch::kDouble)
           hint = "; the model's parameters are float64: convert it with model.float()";

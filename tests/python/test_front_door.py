@@ -271,6 +271,9 @@ def test_what_libtorch_would_raise_deep_inside_is_one_line_first():
         mixtrain.train(Mlp(), (x[:1], y[:1]), bs=1)
     with pytest.raises(ValueError, match="the inputs are uint8: convert them to float"):
         mixtrain.train(Mlp(), ((x * 10).clamp(0, 255).to(torch.uint8), y), **FAST)
+    with pytest.raises(ValueError, match="the inputs are int64 integers: if they are features rather than token ids, "
+                                         "convert them to float"):
+        mixtrain.train(Mlp(), ((x * 10).clamp(0, 255).long(), y), **FAST)
 
 
 def test_a_second_train_into_the_same_out_is_refused_and_a_stop_without_out_names_no_file(tmp_path):
