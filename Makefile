@@ -8,6 +8,8 @@ SAN_BUILD ?= build-san
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 120
+# Tests run two at a time: each uses one or two threads, and the CLI tests write per-test files.
+CTEST_JOBS ?= 2
 CI_FUZZ_SECONDS ?= 30
 
 .PHONY: setup configure build demo check test sanitize-configure sanitize fuzz bench install clean
@@ -27,7 +29,7 @@ demo: configure
 	./$(BUILD)/tools/mixtrain/mixtrain train --epochs 1 --out runs/demo
 
 check: build
-	ctest --test-dir $(BUILD) --output-on-failure -j 1
+	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS)
 
 test: check
 	$(MAKE) sanitize
@@ -42,7 +44,7 @@ sanitize-configure: setup
 # builds a separate project with the default compiler, which cannot link ASan objects).
 sanitize: sanitize-configure
 	cmake --build $(SAN_BUILD) -j $(JOBS) --target mixtrain_tests mixtrain_cli
-	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(SAN_BUILD) --output-on-failure -j 1 -E InstalledPackageExample
+	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(CTEST_JOBS) -E InstalledPackageExample
 
 fuzz: sanitize-configure
 	cmake --build $(SAN_BUILD) -j $(JOBS) --target idx_fuzz checkpoint_fuzz tensor_file_fuzz
