@@ -78,10 +78,12 @@ namespace {
 
 // nn.MultiheadAttention's and nn.TransformerEncoderLayer's eval fast paths call these
 // fused kernels with an activation autocast made bf16 and the module's fp32 weights.
+/// A small random weight (the caller seeds it).
+torch::Tensor w(int64_t rows, int64_t cols) { return torch::randn({rows, cols}) * 0.1; }
+
 torch::Tensor fused_attention(const torch::Tensor& x) {
   const int64_t d = x.size(-1);
   torch::manual_seed(0);
-  const auto w = [](int64_t rows, int64_t cols) { return torch::randn({rows, cols}) * 0.1; };
   return std::get<0>(at::_native_multi_head_attention(x, x, x, d, /*num_head=*/2, w(3 * d, d), torch::zeros({3 * d}),
                                                        w(d, d), torch::zeros({d}), {}, /*need_weights=*/false));
 }
@@ -89,7 +91,6 @@ torch::Tensor fused_attention(const torch::Tensor& x) {
 torch::Tensor fused_encoder_layer(const torch::Tensor& x) {
   const int64_t d = x.size(-1);
   torch::manual_seed(0);
-  const auto w = [](int64_t rows, int64_t cols) { return torch::randn({rows, cols}) * 0.1; };
   return at::_transformer_encoder_layer_fwd(x, d, /*num_heads=*/2, w(3 * d, d), torch::zeros({3 * d}), w(d, d),
                                             torch::zeros({d}), /*use_gelu=*/false, /*norm_first=*/false, 1e-5,
                                             torch::ones({d}), torch::zeros({d}), torch::ones({d}), torch::zeros({d}),

@@ -376,12 +376,12 @@ void Learner::do_one_batch() {
     const std::string cause = innermost_message(e);
     if (cause.find("out of memory") != std::string::npos) throw;
     const std::string place = failure_place(e, [&] { (void)model_.forward(inputs); });
-    const std::string failure = (place.empty() ? "" : place + ": ") + cause;
+    const std::string failure = (place.empty() ? "" : place + ": ") + cause;  // "in layers.1 (aten::linear): ..."
     // A real reduced-precision path that cannot run this model falls back to the
     // emulation (which computes every op in fp32) instead of ending the fit.
     const auto pc = precision_cb();
     if (!pc || !pc->retry_forward_emulated(*this, [&] { pred_ = model_.forward(inputs); }, failure))
-      TORCH_CHECK(false, "the model's forward failed", place.empty() ? "" : " " + place, ": ", cause);
+      TORCH_CHECK(false, "the model's forward failed", place.empty() ? ": " : " ", failure);
   }
   run(Event::after_pred);
   loss_grad_ = loss_fn_(pred_, batch_.y);

@@ -146,6 +146,19 @@ void check_class_targets(const RunConfig& r, const torch::Tensor& probe, const d
   }
 }
 
+namespace {
+/// torch's name of a signed integer dtype ("int64"), or nullptr for any other.
+const char* integer_dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Long: return "int64";
+    default: return nullptr;
+  }
+}
+} // namespace
+
 torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, const data::Dataset& train,
                                     const std::string& which) {
   const data::Batch probe = data::Batch::head_of(train, 2);
@@ -172,8 +185,8 @@ torch::Tensor check_model_fits_data(const Model& model, const LossFn& loss_fn, c
         if (!hint.empty()) break;
         if (x.scalar_type() == torch::kByte)
           hint = "; the inputs are uint8: convert them to float (x.float() / 255 for images)";
-        else if (!x.is_floating_point() && x.scalar_type() != torch::kBool)  // int64 pixels, counts, ...
-          hint = std::string("; the inputs are ") + (x.scalar_type() == torch::kLong ? "int64" : c10::toString(x.scalar_type())) +
+        else if (const char* ints = integer_dtype_name(x.scalar_type()))  // int64 pixels, counts, ...
+          hint = std::string("; the inputs are ") + ints +
                  " integers: if they are features rather than token ids, convert them to float (x.float(), / 255 for 0-255 pixels)";
       }
       for (const auto& p : model.module().parameters())
