@@ -62,6 +62,28 @@ TEST(Fp32IslandsTest, UnderRealAutocastAnIslandsOpsSkipAutocast) {
   EXPECT_EQ(after.scalar_type(), torch::kFloat);  // the usual promotion after the island
 }
 
+// The island's input is a bf16 activation (an op outside it ran under autocast): the
+// island casts it to fp32 and computes there. The cast itself once came back to the
+// island (our key was still on for it), which cast again, until the stack overflowed.
+TEST(Fp32IslandsTest, UnderRealAutocastAnIslandFedABf16ActivationComputesInFp32) {
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({8, 8}) + 0.1234567;
+  const torch::Tensor w = torch::randn({8, 8});
+  torch::Tensor activation, in_island;
+  {
+    amp::autocast guard(torch::kCPU, torch::kBFloat16);
+    amp::Fp32Islands islands({"ln"});
+    activation = torch::mm(x, w);  // outside: bf16
+    {
+      const ModuleScope ln("ln");
+      in_island = torch::layer_norm(activation, {8});
+    }
+  }
+  ASSERT_EQ(activation.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(in_island.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(in_island, torch::layer_norm(activation.to(torch::kFloat), {8})));
+}
+
 TEST(Fp32IslandsTest, PatternsMatchModulePathsAndBadNamesAreNamed) {
   EXPECT_TRUE(module_path_matches("encoder.layers.*.mlp", "encoder.layers.3.mlp"));
   EXPECT_TRUE(module_path_matches("encoder.layers.*.mlp", "encoder.layers.3.mlp.0"));

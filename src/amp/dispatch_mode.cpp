@@ -6,12 +6,15 @@
 #include "mixtrain/util/option_error.h"
 #include "mixtrain/models/module_scope.h"
 
+#include "util/comma_list.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/nn/module.h>
 #include <torch/library.h>
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -313,14 +316,20 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     // Autocast keys, so the op can skip them: its half/bf16 inputs are cast to fp32
     // and it computes in fp32; the ops after the island see fp32 results.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
-    for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
-      if (is_reduced(*it)) {
-        *it = it->toTensor().to(at::kFloat);
-      } else if (it->isTensorList()) {
-        std::vector<at::Tensor> ts = it->toTensorVector();
-        for (auto& t : ts)
-          if (t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) t = t.to(at::kFloat);
-        *it = ts;
+    {
+      // The casts themselves must not come back here: inside the island, aten::to on
+      // a bf16 input is an island op with a bf16 input, which would cast it again,
+      // endlessly (a stack overflow under real CPU bf16).
+      c10::impl::ExcludeDispatchKeyGuard no_mode(kModeKey);
+      for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
+        if (is_reduced(*it)) {
+          *it = it->toTensor().to(at::kFloat);
+        } else if (it->isTensorList()) {
+          std::vector<at::Tensor> ts = it->toTensorVector();
+          for (auto& t : ts)
+            if (t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) t = t.to(at::kFloat);
+          *it = ts;
+        }
       }
     }
     const auto no_autocast_keys = below.remove(c10::DispatchKey::AutocastCPU).remove(c10::DispatchKey::AutocastCUDA);
@@ -449,7 +458,17 @@ std::vector<std::string> check_islands(const std::vector<std::string>& patterns,
 std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const torch::nn::Module& model) {
   std::vector<std::string> paths;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) paths.push_back(item.key());
-  return check_islands(patterns, paths);
+  std::vector<std::string> kept = check_islands(patterns, paths);
+  // Islands that together hold every parameter are fp32 training too, as '*' is.
+  const auto params = model.parameters(/*recurse=*/true);
+  const IslandParams in_islands = island_params(patterns, model);
+  const bool all = !params.empty() && std::all_of(params.begin(), params.end(), [&](const at::Tensor& p) {
+    return in_islands.count(p.unsafeGetTensorImpl()) > 0;
+  });
+  if (all && paths.size() > 1)
+    throw OptionError("keep_fp32", Phrase::setting("keep_fp32", mixtrain::detail::comma_joined(patterns)) +
+                                       " keeps every parameter of the model in fp32: that is fp32 training, not an island");
+  return kept;
 }
 
 OpTraceScope::OpTraceScope(OpObserver* observer)

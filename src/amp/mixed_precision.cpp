@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 
@@ -66,7 +67,7 @@ void MixedPrecision::prepare_for(Learner& learn) {
   // Decided once per device: before_validate asks again at every epoch of a fit.
   if (prepared_for_ == learn.device()) return;
   emulated_ = check_precision_supported(dtype_, learn.device(), allow_fp16_emulation_) ||
-              (fell_back_ && learn.device().is_cpu());
+              (fell_back_at_ >= 0 && learn.device().is_cpu());
 
   device_type_ = learn.device().type();
   prepared_for_ = learn.device();
@@ -91,7 +92,7 @@ void MixedPrecision::before_batch(Learner& learn) {
     guard_.emplace(device_type_, dtype_);
 }
 
-bool MixedPrecision::retry_forward_emulated(Learner&, const std::function<void()>& forward, const std::string& failure) {
+bool MixedPrecision::retry_forward_emulated(Learner& learn, const std::function<void()>& forward, const std::string& failure) {
   if (emulated_ || !guard_ || dtype_ != c10::ScalarType::BFloat16 || device_type_ != c10::DeviceType::CPU) return false;
   guard_.reset();
   emulation_.emplace(dtype_);
@@ -102,9 +103,12 @@ bool MixedPrecision::retry_forward_emulated(Learner&, const std::function<void()
     guard_.emplace(device_type_, dtype_);
     return false;
   }
-  emulated_ = fell_back_ = true;
+  emulated_ = true;
+  fell_back_at_ = learn.train_iter();
   // Once per process and failure: the doctor's runs of one model meet it in each run.
+  static std::mutex noticed_mutex;  // runs may train in several threads (Python)
   static std::set<std::string> noticed;
+  const std::lock_guard<std::mutex> lock(noticed_mutex);
   if (noticed.insert(failure).second)
     std::cerr << "mixtrain: notice: real CPU bf16 autocast cannot run this model (" << failure
               << "); bf16 numerics are emulated from here on (rounded through bfloat16, computed in fp32: "
@@ -158,6 +162,8 @@ void MixedPrecision::save_state(torch::serialize::OutputArchive& ar) const {
   c10::List<std::string> islands;
   for (const auto& p : keep_fp32_) islands.push_back(p);
   ar.write("keep_fp32", c10::IValue(islands));
+  // A run that fell back to the emulation resumes emulated, as it went on (-1: it never fell back).
+  mixtrain::detail::write_i64(ar, "fell_back_at", fell_back_at_);
   for (const auto& kv : scaler_.state_dict()) {
     const c10::IValue& v = kv.value();
     mixtrain::detail::write_f64(ar, "scaler." + kv.key().toStringRef(),
@@ -171,6 +177,11 @@ void MixedPrecision::load_state(torch::serialize::InputArchive& ar) {
     std::vector<std::string> patterns;
     for (const auto& p : islands.toListRef()) patterns.push_back(p.toStringRef());
     keep_fp32(std::move(patterns));
+  }
+  torch::Tensor fell_back_at;
+  if (ar.try_read("fell_back_at", fell_back_at)) {  // older checkpoints have none
+    fell_back_at_ = fell_back_at.item<int64_t>();
+    prepared_for_.reset();  // emulated_ is decided again, with the fallback
   }
   if (scaler_.is_enabled()) {
     GradScalerState state = empty_grad_scaler_state();

@@ -37,6 +37,15 @@ OptimizerFactory sgd(double momentum, double weight_decay) {
 
 namespace {
 
+/// Whether a kernel's error is about mixed dtypes ("expected scalar type BFloat16
+/// but found Float", "self (Float) and source (BFloat16) must have the same scalar
+/// type"): the errors a real bf16 autocast causes where it lacks a rule.
+bool names_a_dtype_mismatch(const std::string& message) {
+  for (const char* word : {"scalar type", "dtype", "BFloat16", "bfloat16", "Half"})
+    if (message.find(word) != std::string::npos) return true;
+  return false;
+}
+
 /// Collects predictions and targets during a validation pass (for get_preds).
 class GatherPreds : public Callback {
  public:
@@ -378,9 +387,12 @@ void Learner::do_one_batch() {
     const std::string place = failure_place(e, [&] { (void)model_.forward(inputs); });
     const std::string failure = (place.empty() ? "" : place + ": ") + cause;  // "in layers.1 (aten::linear): ..."
     // A real reduced-precision path that cannot run this model falls back to the
-    // emulation (which computes every op in fp32) instead of ending the fit.
+    // emulation (which computes every op in fp32) instead of ending the fit: only for
+    // a kernel's dtype error, which is what the real path causes. The model's own
+    // raise (a JITException) or check is the model speaking, and ends the fit.
     const auto pc = precision_cb();
-    if (!pc || !pc->retry_forward_emulated(*this, [&] { pred_ = model_.forward(inputs); }, failure))
+    const bool dtype_error = !dynamic_cast<const torch::jit::JITException*>(&e) && names_a_dtype_mismatch(cause);
+    if (!pc || !dtype_error || !pc->retry_forward_emulated(*this, [&] { pred_ = model_.forward(inputs); }, failure))
       TORCH_CHECK(false, "the model's forward failed", place.empty() ? ": " : " ", failure);
   }
   run(Event::after_pred);

@@ -103,7 +103,7 @@ class MixedPrecision : public PrecisionCallback {
   c10::DeviceType device_type_ = c10::DeviceType::CPU;
   bool allow_fp16_emulation_;
   bool emulated_ = false;
-  bool fell_back_ = false;  // real CPU bf16 could not run the model: emulated from then on
+  int64_t fell_back_at_ = -1;  // the step at which real CPU bf16 could not run the model: emulated from then on
   std::optional<c10::Device> prepared_for_;  // the device emulated_ was decided for
   std::optional<autocast> guard_;
   std::vector<std::string> keep_fp32_;
