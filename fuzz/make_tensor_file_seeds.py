@@ -43,3 +43,8 @@ open("fuzz/regressions/tensor_file/rows-past-storage.pt", "wb").write(crafted)
 # And one claiming 2,000,000 rows (BININT).
 crafted = edit_pickle(buf.getvalue(), b"K\x64K\x07", b"J\x80\x84\x1e\x00K\x07")
 open("fuzz/regressions/tensor_file/rows-far-past-storage.pt", "wb").write(crafted)
+# x expanded: stride 0 over 2^40 rows (LONG1), which fits any storage but made contiguous
+# needs 30 TB: said as such, not a raw allocation error (the tester's 2^31 rows asked 171 GB).
+crafted = edit_pickle(buf.getvalue(), b"K\x64K\x07", b"\x8a\x08\x00\x00\x00\x00\x00\x01\x00\x00K\x07")
+crafted = crafted.replace(b"K\x07K\x01", b"K\x00K\x01", 1)
+open("fuzz/regressions/tensor_file/stride-0-2e40-rows.pt", "wb").write(crafted)

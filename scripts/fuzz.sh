@@ -14,7 +14,7 @@ mkdir -p "$artifacts"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 
 status=0
-for target in idx checkpoint tensor_file; do
+for target in idx checkpoint tensor_file scripted_model; do
   bin="$build/fuzz/${target}_fuzz"
   corpus="$build/fuzz-corpus/$target"
   mkdir -p "$corpus"

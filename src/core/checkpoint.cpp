@@ -4,6 +4,7 @@
 #include "util/archive_util.h"
 #include "util/first_line.h"
 #include "util/read_file.h"
+#include "util/bounded_reader.h"
 #include "util/tensor_bounds.h"
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/core/precision_callback.h"
@@ -217,8 +218,15 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
   std::tie(data, size) = checked_archive(data, size, path);
   // libtorch's reader throws more than c10::Error on damaged input (std::out_of_range
   // from the unpickler, for one); all of it means a corrupt file to the user.
+  // Read through a bounded reader that remembers each record's buffer: every
+  // storage is checked against the record that holds it below.
+  const std::string compressed = detail::first_compressed_storage_record(data, size);
+  TORCH_CHECK(compressed.empty(), "Checkpoint ", path, " is corrupt (a compressed storage record, ", compressed,
+              ", which torch never writes)");
+  const detail::BoundedReader reader(data, size);
   try {
-    ar.load_from(data, size);
+    ar.load_from([&](uint64_t pos, void* buf, size_t n) { return reader.read(pos, buf, n, "checkpoint"); },
+                 [&] { return reader.size(); });
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what_without_backtrace()), ")");
   } catch (const std::exception& e) {
@@ -227,7 +235,8 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
   // Every tensor must fit the storage the file holds before anything reads it.
   for (const auto& key : ar.keys()) {
     c10::IValue entry;
-    if (ar.try_read(key, entry)) detail::check_tensors_in_storage(entry, "Checkpoint " + path, key);
+    if (ar.try_read(key, entry))
+      detail::check_tensors_in_storage(entry, "Checkpoint " + path, key, &reader.buffer_sizes(), /*only_records=*/false);
   }
 }
 

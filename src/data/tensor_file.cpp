@@ -1,6 +1,7 @@
 // Tensor files as data: the dict a Python user writes with torch.save.
 #include "mixtrain/data/data.h"
 
+#include "util/bounded_reader.h"
 #include "util/first_line.h"
 #include "util/read_file.h"
 #include "util/tensor_bounds.h"
@@ -11,6 +12,7 @@
 #include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <algorithm>
+#include <unistd.h>
 #include <cstring>
 #include <unordered_map>
 
@@ -54,25 +56,17 @@ torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::
   // model's first layer says what it needs, and the probe's error says what to do).
   const bool small_int = at::isIntegralType(t.scalar_type(), /*includeBool=*/false) && t.scalar_type() != at::kLong;
   if (small_int && (is_target || t.scalar_type() != at::kByte)) t = t.to(at::kLong);
+  // A stride-0 (expanded) tensor fits any storage; made contiguous it needs all of its
+  // elements (2^31 rows claimed 171 GB): more than this machine holds is said as such.
+  if (!t.is_contiguous()) {
+    const double bytes = static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
+    const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+    TORCH_CHECK(memory <= 0 || bytes <= memory, path, ": '", what, "' of shape ", t.sizes(), " is a view (strides ",
+                t.strides(), ") that needs ", bytes / 1e9, " GB as data, more than this machine's ", memory / 1e9,
+                " GB of memory");
+  }
   return t.contiguous();
 }
-
-/// The file's bytes for libtorch's zip reader, which may ask past the end of a
-/// damaged file (caffe2's MemoryReadAdapter would copy from there: the fuzzer's find).
-class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BoundedReader(const std::string& bytes) : bytes_(bytes) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = std::min<size_t>(n, bytes_.size() - static_cast<size_t>(pos));
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  const std::string& bytes_;
-};
 
 /// Walks the pickle's opcodes and refuses a length that reaches past its end, or
 /// a memo index no pickle of this size can have: libtorch's unpickler reserves a
@@ -135,7 +129,7 @@ void check_pickle_lengths(const char* data, size_t size) {
 /// file could claim more than its record holds (the fuzzer found one), and the
 /// storage check needs the real size.
 c10::IValue unpickle(const std::string& bytes, std::unordered_map<const void*, size_t>& buffer_sizes) {
-  caffe2::serialize::PyTorchStreamReader archive(std::make_unique<BoundedReader>(bytes));
+  caffe2::serialize::PyTorchStreamReader archive(std::make_unique<detail::BoundedReader>(bytes));
   at::DataPtr pickle;
   size_t pickle_size = 0;
   std::tie(pickle, pickle_size) = archive.getRecord("data.pkl");

@@ -1,7 +1,9 @@
 // TorchScript models: a loaded torch::jit::Module trained as a torch::nn::Module.
 #include "mixtrain/models/scripted_model.h"
 
+#include "util/bounded_reader.h"
 #include "util/first_line.h"
+#include "util/read_file.h"
 #include "util/tensor_bounds.h"
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/compat.h"
@@ -277,16 +279,27 @@ Model scripted_model(torch::jit::Module script, const std::string& output, bool 
 Model load_scripted_model(const std::string& path, const std::string& output, bool computes_loss) {
   std::error_code ec;
   TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
+  return scripted_model(parse_script(detail::read_whole_file(path, "model file "), path), output, computes_loss, path);
+}
+
+torch::jit::Module parse_script(const std::string& bytes, const std::string& path) {
+  const std::string compressed = detail::first_compressed_storage_record(bytes.data(), bytes.size());
+  TORCH_CHECK(compressed.empty(), path, " holds a compressed storage record (", compressed,
+              "), which torch never writes: save the model again with torch.jit.save");
+  const auto reader = std::make_shared<detail::BoundedReader>(bytes);
   torch::jit::Module script;
   try {
-    script = torch::jit::load(path);
+    script = torch::jit::load(reader);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, path, " is not a TorchScript file (write one with torch.jit.script(model).save(path) ",
                 "or torch.jit.trace): ", detail::first_line(e.what()));
+  } catch (const std::exception& e) {  // the unpickler throws more than c10::Error on damaged input
+    TORCH_CHECK(false, path, " is not a TorchScript file, or is damaged: ", detail::first_line(e.what()));
   }
-  // Its parameters and buffers must fit the storage the file holds before anything reads them.
-  detail::check_tensors_in_storage(c10::IValue(script._ivalue()), path);
-  return scripted_model(std::move(script), output, computes_loss, path);
+  // Its parameters and buffers must fit the records the file holds for them before
+  // anything reads them (a __setstate__ may build tensors in memory: those are not records).
+  detail::check_tensors_in_storage(c10::IValue(script._ivalue()), path, "", &reader->buffer_sizes(), /*only_records=*/false);
+  return script;
 }
 
 bool is_scripted(const Model& model) { return dynamic_cast<const ScriptedModel*>(model.ptr().get()) != nullptr; }

@@ -21,39 +21,39 @@ std::string shape_text(const at::Tensor& t) {
 constexpr int kMaxDepth = 256;
 
 void walk(const c10::IValue& v, const std::string& what, const std::string& name, int depth,
-          const std::unordered_map<const void*, size_t>* sizes) {
+          const std::unordered_map<const void*, size_t>* sizes, bool only_records) {
   TORCH_CHECK(depth < kMaxDepth, what, ": values nested more than ", kMaxDepth, " deep");
   const auto child = [&](const std::string& part, bool index) {
     return name.empty() ? part : index ? name + "[" + part + "]" : name + "." + part;
   };
   if (v.isTensor()) {
-    check_tensor_in_storage(v.toTensor(), what, name.empty() ? "(top level)" : name, sizes);
+    check_tensor_in_storage(v.toTensor(), what, name.empty() ? "(top level)" : name, sizes, only_records);
   } else if (v.isTensorList()) {
     const auto list = v.toTensorList();
-    for (size_t i = 0; i < list.size(); ++i) check_tensor_in_storage(list.get(i), what, child(std::to_string(i), true), sizes);
+    for (size_t i = 0; i < list.size(); ++i) check_tensor_in_storage(list.get(i), what, child(std::to_string(i), true), sizes, only_records);
   } else if (v.isList()) {
     const auto list = v.toListRef();
-    for (size_t i = 0; i < list.size(); ++i) walk(list[i], what, child(std::to_string(i), true), depth + 1, sizes);
+    for (size_t i = 0; i < list.size(); ++i) walk(list[i], what, child(std::to_string(i), true), depth + 1, sizes, only_records);
   } else if (v.isTuple()) {
     const auto& items = v.toTupleRef().elements();
-    for (size_t i = 0; i < items.size(); ++i) walk(items[i], what, child(std::to_string(i), true), depth + 1, sizes);
+    for (size_t i = 0; i < items.size(); ++i) walk(items[i], what, child(std::to_string(i), true), depth + 1, sizes, only_records);
   } else if (v.isGenericDict()) {
     for (const auto& kv : v.toGenericDict())
       walk(kv.value(), what, child(kv.key().isString() ? kv.key().toStringRef() : kv.key().tagKind(), !kv.key().isString()),
-           depth + 1, sizes);
+           depth + 1, sizes, only_records);
   } else if (v.isObject()) {
     const auto obj = v.toObject();
     const auto type = obj->type();
     for (size_t i = 0; i < obj->slots().size(); ++i)
       walk(obj->getSlot(i), what, child(i < type->numAttributes() ? type->getAttributeName(i) : std::to_string(i), false),
-           depth + 1, sizes);
+           depth + 1, sizes, only_records);
   }
 }
 
 } // namespace
 
 void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const std::string& name,
-                             const std::unordered_map<const void*, size_t>* buffer_sizes) {
+                             const std::unordered_map<const void*, size_t>* buffer_sizes, bool only_records) {
   if (!t.defined() || t.is_sparse() || t.is_quantized() || t.device().is_meta()) return;
   const auto named = [&] {
     return what + ": tensor '" + name + "' of shape " + shape_text(t);
@@ -80,16 +80,16 @@ void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const
   auto held = static_cast<int64_t>(t.storage().nbytes());
   if (buffer_sizes) {
     const auto it = buffer_sizes->find(t.storage().data());
-    TORCH_CHECK(it != buffer_sizes->end(), named(), " has data that is no record of the file: the file is damaged");
-    held = std::min(held, static_cast<int64_t>(it->second));
+    TORCH_CHECK(it != buffer_sizes->end() || !only_records, named(), " has data that is no record of the file: the file is damaged");
+    if (it != buffer_sizes->end()) held = std::min(held, static_cast<int64_t>(it->second));
   }
   TORCH_CHECK(needed <= held, named(), " needs ", needed, " bytes of data but the file holds ", held,
               " for it: the file is damaged or was edited");
 }
 
 void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name,
-                              const std::unordered_map<const void*, size_t>* buffer_sizes) {
-  walk(v, what, name, 0, buffer_sizes);
+                              const std::unordered_map<const void*, size_t>* buffer_sizes, bool only_records) {
+  walk(v, what, name, 0, buffer_sizes, only_records);
 }
 
 } // namespace mixtrain::detail

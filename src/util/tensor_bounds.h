@@ -21,13 +21,18 @@ namespace mixtrain::detail {
 /// records were read into (by address): libtorch sizes a storage by the element
 /// count the pickle claims, not by the record the file holds for it, so a storage
 /// may claim more bytes than its buffer has. The check then uses the smaller.
+/// A storage whose buffer is none of them is refused when `only_records` (a
+/// tensor file holds nothing else), and otherwise checked against its own size
+/// (a TorchScript module's __setstate__ may build tensors in memory).
 void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const std::string& name,
-                             const std::unordered_map<const void*, size_t>* buffer_sizes = nullptr);
+                             const std::unordered_map<const void*, size_t>* buffer_sizes = nullptr,
+                             bool only_records = true);
 
 /// The same for every tensor inside `v`: lists, tuples, dicts, and the attributes
 /// of objects (a TorchScript module's parameters and submodules). Tensors are
 /// named by their path in `v` ("x", "valid_x[1]", "fc.weight").
 void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name = "",
-                              const std::unordered_map<const void*, size_t>* buffer_sizes = nullptr);
+                              const std::unordered_map<const void*, size_t>* buffer_sizes = nullptr,
+                              bool only_records = true);
 
 } // namespace mixtrain::detail

@@ -57,6 +57,12 @@ class ScriptedSubmodule : public torch::nn::Module {
 ///   mixtrain::Learner learn(model, dls, mixtrain::model_loss(model));
 Model load_scripted_model(const std::string& path, const std::string& output = "", bool computes_loss = false);
 
+/// A TorchScript file's bytes as a module: libtorch's loader, read through a
+/// bounded reader, then every parameter, buffer and attribute tensor checked against
+/// the record the file holds for it (libtorch sizes a storage by what the file
+/// claims). Throws c10::Error naming `path` for a damaged or foreign file.
+torch::jit::Module parse_script(const std::string& bytes, const std::string& path);
+
 /// The Model of a TorchScript module already in memory (Python's module object,
 /// handed over by the Python front door): load_scripted_model without the file.
 /// The Model trains `script` itself (its tensors, not copies). `name` names it in
