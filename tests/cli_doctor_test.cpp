@@ -48,6 +48,27 @@ TEST(CliDoctorTest, ProblemsExitOneWithTheVerdict) {
   EXPECT_EQ(read_json(out2 + "/diagnosis.json").at("verdict"), "unsupported");
 }
 
+// A doctor stopped during its trials keeps what it knew: the verdict was written
+// before the first trial, and the stop writes it again as interrupted.
+TEST(CliDoctorTest, OneSigtermDuringTheTrialsKeepsTheDiagnosis) {
+  const std::string dir = test::scratch_dir("doctor_sigterm");
+  const std::string out = dir + "/run", log = dir + "/doctor";
+  // The underflow case (every trial a mixed run); one SIGTERM once trial 1 has started.
+  const std::string doctor = std::string(MIXTRAIN_CLI_PATH) + " doctor --limit 1024 --bs 128 --threads 1 --init-scale 1e-7 --out " + out;
+  const std::string script = doctor + " > " + log + ".out 2> " + log + ".err & pid=$!; "
+                             "while ! grep -q 'doctor: trial 1' " + log + ".out; do kill -0 $pid 2>/dev/null || break; sleep 0.1; done; "
+                             "kill -TERM $pid; wait $pid; echo $? > " + log + ".code";
+  ASSERT_EQ(std::system(script.c_str()), 0);  // std::system runs it with sh
+  const std::string err = slurp(log + ".err");
+  EXPECT_EQ(std::stoi(slurp(log + ".code")), 130) << err;
+  EXPECT_NE(err.find("mixtrain doctor: stopped during trial "), std::string::npos) << err;
+  EXPECT_NE(err.find("verdict underflow and the "), std::string::npos) << err;
+  const auto j = read_json(out + "/diagnosis.json");
+  EXPECT_EQ(j.at("verdict"), "underflow");
+  EXPECT_EQ(j.at("trials_status"), "interrupted");
+  EXPECT_FALSE(j.at("fixes").empty());
+}
+
 TEST(CliDoctorTest, BadFlagsAreOneLineErrors) {
   expect_usage_error("doctor --precision fp32", "doctor compares fp32 with fp16 or bf16");
   expect_usage_error("doctor --resume runs/x", "--resume");  // not a doctor flag: not expected

@@ -122,8 +122,21 @@ TEST_F(CompareTest, AFixWhoseTrialFailedIsNotRecommended) {
     if (st.key == "precision" && st.value == "bf16") throw std::runtime_error("this model cannot take bf16");
     run::apply_setting(st, run);
   });
+  // What the doctor keeps as it goes (diagnosis.json): the verdict before any trial,
+  // then one more trial as each ends, the failed fix already withdrawn.
+  std::vector<diagnose::Diagnosis> kept;
+  options.on_progress([&](const diagnose::Diagnosis& now) { kept.push_back(now); });
   const auto d = diagnose::compare(factory(s), options);
   EXPECT_EQ(d.verdict, diagnose::Verdict::kForwardOverflow) << d.report();
+  ASSERT_EQ(kept.size(), d.trials.size() + 1) << d.report();
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(kept[i].verdict, d.verdict);
+    EXPECT_EQ(kept[i].trials.size(), i);
+    EXPECT_EQ(kept[i].trials_status, "running");
+  }
+  EXPECT_EQ(d.trials_status, "done");
+  EXPECT_EQ(nlohmann::json::parse(kept.back().to_json()).at("trials_status"), "running");
+  EXPECT_EQ(kept.back().fixes.size(), d.fixes.size()) << kept.back().report();
   const auto bf16 = std::find_if(d.trials.begin(), d.trials.end(), [](const diagnose::Trial& t) {
     return !t.settings.empty() && t.settings[0].value == "bf16";
   });

@@ -130,7 +130,7 @@ std::optional<Ruling> baseline_fails(RuleInput& in) {
       r.findings.push_back(std::string("the fp32 baseline is ") + (accuracy < base->chance_accuracy ? "below" : "at") +
                            " chance: validation accuracy " + short_number(accuracy) + " against " +
                            short_number(base->chance_accuracy) + " for a guess");
-    r.fixes = {"fix the model or the data first: fp16 is not the cause (fp32 fails the same way)"};
+    r.fixes = {"fix the model or the data first: mixed precision is not the cause (fp32 fails the same way)"};
     if (in.e.inputs && in.e.inputs->nonfinite) r.fixes.push_back("remove or impute the NaN/Inf values in the inputs");
     if (in.e.inputs && in.e.inputs->unnormalized) r.fixes.push_back("normalize the inputs (mean 0, std 1)");
     r.fixes.push_back("lower the learning rate if the loss diverges");

@@ -157,6 +157,34 @@ void withdraw_failed_fixes(Diagnosis& d) {
   d.fixes = std::move(kept);
 }
 
+/// What the trials so far prove: failed fixes withdrawn, and the proven fix chosen.
+void settle(Diagnosis& d) {
+  withdraw_failed_fixes(d);
+  // The proven fix: the cheapest healthy trial in bytes per parameter, then the
+  // smallest gap to fp32 (the autocast modes all cost the same).
+  auto cost = [](const Trial& t) { return std::isfinite(t.run.bytes_per_param) ? t.run.bytes_per_param : 1e300; };
+  auto gap = [](const Trial& t) { return t.gap_percent ? std::abs(*t.gap_percent) : 0.0; };
+  for (size_t i = 0; i < d.trials.size(); ++i) {
+    const Trial& t = d.trials[i];
+    if (!t.proven()) continue;
+    if (!d.proven_fix) {
+      d.proven_fix = i;
+      continue;
+    }
+    const Trial& best = d.trials[*d.proven_fix];
+    if (cost(t) < cost(best) - 1e-9 || (std::abs(cost(t) - cost(best)) <= 1e-9 && gap(t) < gap(best))) d.proven_fix = i;
+  }
+}
+
+/// Hands the caller what is known so far: the verdict and the trials that ended.
+void report_progress(const Diagnosis& d, const CompareOptions& o) {
+  if (!o.on_progress()) return;
+  Diagnosis now = d;
+  settle(now);
+  now.trials_status = "running";
+  o.on_progress()(now);
+}
+
 void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOptions& o,
                const std::vector<torch::Tensor>& initial) {
   const detail::TrialsFor trials = detail::entry(d.verdict).trials;
@@ -180,8 +208,10 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
       failed.verdict = d.verdict;
       d.trials.push_back(std::move(failed));
       std::cout << "doctor: trial failed: " << d.trials.back().error << std::endl;
+      report_progress(d, o);
       continue;
     }
+    report_progress(d, o);
     const Trial& t = d.trials.back();
     if (island && !t.proven() && !next.empty()) {
       std::vector<std::string> names = mixtrain::detail::comma_list(c.settings[0].value);
@@ -193,21 +223,7 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
       }
     }
   }
-  withdraw_failed_fixes(d);
-  // The proven fix: the cheapest healthy trial in bytes per parameter, then the
-  // smallest gap to fp32 (the autocast modes all cost the same).
-  auto cost = [](const Trial& t) { return std::isfinite(t.run.bytes_per_param) ? t.run.bytes_per_param : 1e300; };
-  auto gap = [](const Trial& t) { return t.gap_percent ? std::abs(*t.gap_percent) : 0.0; };
-  for (size_t i = 0; i < d.trials.size(); ++i) {
-    const Trial& t = d.trials[i];
-    if (!t.proven()) continue;
-    if (!d.proven_fix) {
-      d.proven_fix = i;
-      continue;
-    }
-    const Trial& best = d.trials[*d.proven_fix];
-    if (cost(t) < cost(best) - 1e-9 || (std::abs(cost(t) - cost(best)) <= 1e-9 && gap(t) < gap(best))) d.proven_fix = i;
-  }
+  settle(d);
 }
 
 } // namespace
@@ -275,6 +291,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
   }
   Diagnosis d = decide(std::move(ev));
+  report_progress(d, o);  // the verdict is kept before any trial can die or be stopped
   try_fixes(d, make_learner, o, initial);
   return d;
 }

@@ -192,6 +192,7 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
                           {"proven", t.proven()}};
   };
   for (const auto& t : trials) j["trials"].push_back(trial_json(t));
+  j["trials_status"] = trials_status;
   j["proven_fix"] = proven_fix ? trial_json(trials[*proven_fix]) : nlohmann::json(nullptr);
   return j.dump(2) + "\n";
 }

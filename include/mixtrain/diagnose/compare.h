@@ -57,6 +57,10 @@ struct CompareOptions {
   /// How a fix's settings change a trial's run: run::apply_setting (the option
   /// table's setters). Without one no fix is tried.
   TORCH_ARG(SettingApplier, apply_setting) = nullptr;
+  /// Called with the verdict and its evidence before any trial runs, and again as
+  /// each trial ends (the trials so far, the proven fix among them), so that a
+  /// caller can keep the diagnosis when a later trial dies or is stopped.
+  TORCH_ARG(std::function<void(const Diagnosis&)>, on_progress) = nullptr;
 
   /// 0.1.0's fields, now those of precision_options(); removed in 0.3.0.
   [[deprecated("use precision_options(PrecisionOptions().scaler(...))")]] CompareOptions& scaler(amp::GradScalerOptions s) {

@@ -131,11 +131,14 @@ struct Diagnosis {
   /// The cheapest proven trial (fewest bytes per parameter, then the smallest gap),
   /// or none: then nothing was proven.
   std::optional<size_t> proven_fix;
+  /// Where the trials stand: "running" while they run (what diagnose::compare's
+  /// on_progress sees), "interrupted" when a stop ended them, "done" when they ended.
+  std::string trials_status = "done";
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
   /// A short, readable report (what `mixtrain doctor` prints), options named in `words`.
   std::string report(const OptionWords& words = api_words()) const;
-  /// {"verdict", "headline", "findings", "evidence", "fixes", "trials", "proven_fix"} as JSON
+  /// {"verdict", "headline", "findings", "evidence", "fixes", "trials", "trials_status", "proven_fix"} as JSON
   /// text, options named in `words` (proven_fix also has "api", the library's words).
   std::string to_json(const OptionWords& words = api_words()) const;
 };
