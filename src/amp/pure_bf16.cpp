@@ -104,9 +104,13 @@ void PureBf16::prepare(Learner& learn) {
 void PureBf16::before_fit(Learner& learn) {
   MixedPrecision::before_fit(learn);
   prepare(learn);
-  per_epoch_.clear();
-  epoch_now_ = LostUpdates();
-  for (auto& p : params_) p.epoch = LostUpdates();
+  // A resumed fit goes on counting where its checkpoint left off (its epochs so far,
+  // and the one it was interrupted in); any other fit counts from nothing.
+  if (!resumed_) {
+    per_epoch_.clear();
+    epoch_now_ = LostUpdates();
+  }
+  resumed_ = false;
   step_pending_ = false;
 }
 
@@ -141,7 +145,6 @@ void PureBf16::after_step(Learner& learn) {
     if (!p.weight.grad().defined()) continue;  // the optimizer left it alone
     const LostUpdates s = round_update(p.weight, p.before, rule_, p.compensation.defined() ? &p.compensation : nullptr,
                                        seed_, stream_of(step, i));
-    p.epoch += s;
     p.total += s;
     this_step += s;
     if (auto* st = compat::optimizer_state_of(learn.opt(), p.weight)) {
@@ -199,17 +202,37 @@ std::optional<LostUpdateReport> PureBf16::lost_updates() const {
   return r;
 }
 
+namespace {
+std::vector<double> counts_of(const LostUpdates& c) {
+  return {double(c.elements), double(c.intended), double(c.lost), c.intended_sq, c.lost_sq};
+}
+LostUpdates counts_from(const std::vector<double>& v, size_t at) {
+  TORCH_CHECK(v.size() >= at + 5, "bf16-pure: the checkpoint's counts are damaged");
+  LostUpdates c;
+  c.elements = static_cast<int64_t>(v[at]);
+  c.intended = static_cast<int64_t>(v[at + 1]);
+  c.lost = static_cast<int64_t>(v[at + 2]);
+  c.intended_sq = v[at + 3];
+  c.lost_sq = v[at + 4];
+  return c;
+}
+} // namespace
+
 void PureBf16::save_state(torch::serialize::OutputArchive& ar) const {
   MixedPrecision::save_state(ar);
   ar.write("rule", c10::IValue(weight_update_name(rule_)));
+  // The share lost per epoch: the epochs that ended, then the one in progress.
+  std::vector<double> epochs;
+  for (const auto& e : per_epoch_)
+    for (double v : counts_of(e)) epochs.push_back(v);
+  mixtrain::detail::write_f64s(ar, "epochs", epochs);
+  mixtrain::detail::write_f64s(ar, "epoch_now", counts_of(epoch_now_));
   mixtrain::detail::write_i64(ar, "params", static_cast<int64_t>(params_.size()));
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
     const std::string k = "param." + std::to_string(i) + ".";
     if (p.compensation.defined()) ar.write(k + "compensation", p.compensation);
-    const LostUpdates& t = p.total;
-    mixtrain::detail::write_f64s(ar, k + "total", {double(t.elements), double(t.intended), double(t.lost), t.intended_sq,
-                                                   t.lost_sq});
+    mixtrain::detail::write_f64s(ar, k + "total", counts_of(p.total));
   }
 }
 
@@ -227,11 +250,16 @@ void PureBf16::load_state(torch::serialize::InputArchive& ar) {
     if (rule_ == WeightUpdate::kKahan) ar.read(k + "compensation", p.compensation);
     const auto t = mixtrain::detail::read_f64s(ar, k + "total");
     TORCH_CHECK(t.size() == 5, "bf16-pure: the checkpoint's counts are damaged");
-    p.total.elements = static_cast<int64_t>(t[0]);
-    p.total.intended = static_cast<int64_t>(t[1]);
-    p.total.lost = static_cast<int64_t>(t[2]);
-    p.total.intended_sq = t[3];
-    p.total.lost_sq = t[4];
+    p.total = counts_from(t, 0);
+  }
+  torch::Tensor epochs;
+  if (ar.try_read("epochs", epochs)) {  // older checkpoints kept only the totals
+    const auto v = mixtrain::detail::read_f64s(ar, "epochs");
+    TORCH_CHECK(v.size() % 5 == 0, "bf16-pure: the checkpoint's counts are damaged");
+    per_epoch_.clear();
+    for (size_t at = 0; at < v.size(); at += 5) per_epoch_.push_back(counts_from(v, at));
+    epoch_now_ = counts_from(mixtrain::detail::read_f64s(ar, "epoch_now"), 0);
+    resumed_ = true;
   }
   // prepare() at the next fit takes them over, matched by position.
   params_ = std::move(params);

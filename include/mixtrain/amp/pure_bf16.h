@@ -65,7 +65,7 @@ class PureBf16 : public MixedPrecision {
     torch::Tensor weight;        // the Learner's parameter (fp32 storage of bf16 values)
     torch::Tensor before;        // its values before this step
     torch::Tensor compensation;  // kahan: what rounding dropped, carried to the next step
-    LostUpdates epoch, total;
+    LostUpdates total;
   };
   void prepare(Learner& learn);
 
@@ -76,6 +76,7 @@ class PureBf16 : public MixedPrecision {
   bool step_pending_ = false;
   std::vector<LostUpdates> per_epoch_;  // this run's epochs
   LostUpdates epoch_now_;
+  bool resumed_ = false;  // load_state restored the counts: the next fit goes on with them
   std::optional<ParamMemory> memory_;
 };
 
