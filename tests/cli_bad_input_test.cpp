@@ -8,7 +8,11 @@
 #include "cli_util.h"
 #include "test_util.h"
 
+#include <mixtrain/mixtrain.h>
+
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -62,14 +66,18 @@ TEST(CliBadInputTest, AResumeRefusesAnArgsJsonEditedToAnotherRun) {
   const std::string original = test::slurp(out + "/args.json");
   for (const auto& [from, to, field] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"\"bs\": 32", "\"bs\": 16", "--bs 16"}, {"\"limit\": -1", "\"limit\": 100", "--limit 100"},
-           {"\"lr\": 0.003", "\"lr\": 0.01", "--lr 0.01"}}) {
+           {"\"lr\": 0.003", "\"lr\": 0.01", "--lr 0.01"},
+           // A switch is on or off (not "drop --wd-bn-bias"); an empty list is none (not "--keep-fp32 ").
+           {"\"wd_bn_bias\": false", "\"wd_bn_bias\": true", "--wd-bn-bias on but its checkpoints were trained with --wd-bn-bias off"},
+           {"\"keep_fp32\": \\[\\]", "\"keep_fp32\": [\"fc\"]", "--keep-fp32 fc but its checkpoints were trained with --keep-fp32 none"}}) {
     SCOPED_TRACE(field);
     const std::string edited = std::regex_replace(original, std::regex(from), to);
     ASSERT_NE(edited, original) << original;
     std::ofstream(out + "/args.json") << edited;
     const auto r = run_cli("train --resume " + out);
     EXPECT_EQ(r.code, 2) << r.out << r.err;
-    EXPECT_TRUE(contains(r.err, "args.json sets " + field + " but its checkpoints were trained with")) << r.err;
+    EXPECT_TRUE(contains(r.err, "args.json sets " + field + (contains(field, " but ") ? "" : " but its checkpoints were trained with")))
+        << r.err;
   }
   std::ofstream(out + "/args.json") << original;
   const auto resumed = run_cli("train --resume " + out + " --threads 1");
@@ -81,7 +89,9 @@ TEST(CliBadInputTest, TargetsAndValidationDataAreCheckedBeforeTheRunFolderExists
            {"y_class_10.pt", "the training targets hold the class 10, but the model's output has 10 classes"},
            {"y_class_minus_1.pt", "the training targets hold the class -1"},
            {"valid_y_99.pt", "the validation targets hold the class 99"},
-           {"valid_x_3_channels.pt", "the model does not run on the validation data"}}) {
+           {"valid_x_3_channels.pt", "the model does not run on the validation data"},
+           // Every loss the mean of nothing: NaN at step 0, which the NaN stop blamed on the data's values.
+           {"y_all_ignored.pt", "every training target is -100, cross_entropy's ignore index"}}) {
     SCOPED_TRACE(data);
     const std::string out = test::scratch_dir("bad_targets") + "/run";
     for (const char* command : {"train", "doctor", "lr_find"}) {
@@ -115,7 +125,13 @@ TEST(CliBadInputTest, EveryNumberMustBeFiniteAndWithinFp32Range) {
            {" --precision fp16 --growth-factor inf --growth-interval 1", "invalid --growth-factor inf: must be a finite number"},
            {" --lr 1e300", "invalid --lr 1e+300: must be at most 3.4e38"},
            {" --precision fp16 --init-scale 1e39", "invalid --init-scale 1e+39: must be at most 3.4e38"},
-           {" --clip 1e39", "invalid --clip 1e+39: must be at most 3.4e38"}}) {
+           {" --clip 1e39", "invalid --clip 1e+39: must be at most 3.4e38"},
+           // A mode that ignores a number still stores it: NaN became null in args.json, and no resume could read it.
+           {" --precision bf16-pure --init-scale nan", "invalid --init-scale nan: must be a finite number"},
+           {" --precision bf16-pure --growth-factor inf", "invalid --growth-factor inf: must be a finite number"},
+           // 2^63 wrapped to seed 0 (and a negative seed in summary.json).
+           {" --seed 9223372036854775808", "invalid --seed 9223372036854775808: must be at most 2^63-1"},
+           {" --seed 18446744073709551616", "invalid --seed 18446744073709551616: must be at most 2^63-1"}}) {
     SCOPED_TRACE(flags);
     const auto r = run_cli("train" + mlp_on("data.pt") + flags + " --out " + out);
     EXPECT_EQ(r.code, 2) << r.err;
@@ -159,6 +175,23 @@ TEST(CliBadInputTest, AResumeTakesTheNewestCompleteCheckpointWhateverLatestSays)
     EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_TRUE(contains(r.out, "resuming " + run + " from " + run + "/checkpoint-20.pt")) << r.out;
   }
+  // A junk file with the highest step: the older complete checkpoint is named.
+  const std::string junk = out + "-junk";
+  fs::copy(out, junk, fs::copy_options::recursive);
+  std::ofstream(junk + "/checkpoint-99.pt") << "not a checkpoint";
+  auto r = run_cli("train --resume " + junk);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "the older checkpoint " + junk + "/checkpoint-20.pt may be whole: move the damaged one away"))
+      << r.err;
+  // A `latest` that is a directory: said at once, not when the first checkpoint is written an epoch later.
+  const std::string dir_latest = out + "-dir-latest";
+  fs::copy(out, dir_latest, fs::copy_options::recursive);
+  fs::remove(dir_latest + "/latest");
+  fs::create_directories(dir_latest + "/latest/x");
+  r = run_cli("train --resume " + dir_latest);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "holds 'latest', which is not a regular file")) << r.err;
+  EXPECT_FALSE(contains(r.out, "resuming")) << r.out;
 }
 
 TEST(CliBadInputTest, AnErrorInsideTheModelKeepsItsCauseAndPlace) {
@@ -191,7 +224,8 @@ TEST(CliBadInputTest, AFullDiskSaysWhatIsIntactAndHowToGoOn) {
   const auto first = fs::file_size(dir + "/sized/checkpoint-60.pt"), second = fs::file_size(dir + "/sized/checkpoint-120.pt");
   ASSERT_LT(first, second);  // the Recorder's history grows
   // A file-size limit between the two: the first checkpoint lands, the second cannot.
-  const std::string limit = "trap '' XFSZ; exec prlimit --fsize=" + std::to_string((first + second) / 2) + " ";
+  // No `trap '' XFSZ`: the CLI ignores SIGXFSZ itself, or the limit would kill it without a word.
+  const std::string limit = "exec prlimit --fsize=" + std::to_string((first + second) / 2) + " ";
   const std::string out = dir + "/run";
   const auto full = run_cli("train" + mlp_on("data.pt", "mlp.pt", 8) + " --epochs 2 --save-every 1 --out " + out, limit);
   EXPECT_EQ(full.code, 2) << full.err;
@@ -209,6 +243,151 @@ TEST(CliBadInputTest, FlagsGivenTwiceOrEmptyAreSaidInOurWords) {
   test::expect_usage_error("train --bs", "--bs needs a value");
   test::expect_usage_error("train --out ''", "an empty --out: name a folder");
   test::expect_usage_error("train --resume ''", "an empty --resume");
+  test::expect_usage_error("train --data ''", "an empty --data: give it a value, or leave --data out for its default");
+  test::expect_usage_error("doctor --model ''", "an empty --model");
+}
+
+// ---- [Crashes]: what a hostile tester broke with the landed code ---------------
+
+// Real CPU bf16 autocast, forced on any CPU (the path is the same, only slower without
+// bf16 units), with an fp32 island whose input is a bf16 activation: the island cast
+// that input with our dispatcher key still on, the cast came back to the island, and
+// it recursed until the stack overflowed (exit 139), in the doctor's own trial too.
+TEST(CliBadInputTest, AnIslandFedABf16ActivationTrainsUnderRealCpuBf16) {
+  for (const char* precision : {"bf16", "bf16-pure"}) {
+    SCOPED_TRACE(precision);
+    const std::string out = test::scratch_dir(std::string("island_real_bf16_") + precision);
+    const auto r = run_cli("train" + mlp_on("data.pt", "normed_mlp.pt") + " --precision " + precision +
+                               " --keep-fp32 ln1 --epochs 1 --force --out " + out,
+                           "MIXTRAIN_CPU_BF16=1 ");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto summary = test::read_json(out + "/summary.json");
+    EXPECT_FALSE(summary.at("emulated").get<bool>()) << "the real path ran, not the fallback";
+    EXPECT_TRUE(std::isfinite(summary.at("valid_loss").get<double>()));
+  }
+  const std::string out = test::scratch_dir("island_real_bf16_builtin");
+  const auto r = run_cli("train --model mlp --limit 512 --precision bf16-pure --keep-fp32 2 --epochs 1 --threads 1 --out " + out,
+                         "MIXTRAIN_CPU_BF16=1 ");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// Under real CPU bf16 the model's own error was taken for a gap of the real path: the
+// forward was rerun emulated and the run ended with exit 0. Only a dtype error falls back.
+TEST(CliBadInputTest, TheModelsOwnErrorEndsARealBf16RunAsItEndsAnyOther) {
+  for (const char* precision : {"fp32", "bf16", "bf16-pure"}) {
+    SCOPED_TRACE(precision);
+    const std::string out = test::scratch_dir(std::string("boom_later_") + precision) + "/run";
+    const auto r = run_cli("train" + mlp_on("data.pt", "boom_later.pt") + " --precision " + precision + " --epochs 1 --out " + out,
+                           "MIXTRAIN_CPU_BF16=1 ");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "boom at call 10")) << r.err;
+    EXPECT_FALSE(contains(r.err, "cannot run this model")) << r.err;
+  }
+}
+
+// A forward that hangs after the first step held one SIGTERM (which only asks for a
+// checkpoint after the batch) for good: supervisors send exactly one.
+TEST(CliBadInputTest, OneSigtermEndsARunWhoseForwardHangsAfterTheFirstSteps) {
+  const std::string out = test::scratch_dir("sigterm_hang_later") + "/run";
+  const auto start = std::chrono::steady_clock::now();
+  // The model hangs at its 26th training step, in epoch 2; epoch 1's checkpoint has landed.
+  const auto r = run_cli("train" + mlp_on("data.pt", "hang_later.pt") + " --epochs 2 --save-every 1 --out " + out,
+                         "timeout --preserve-status -k 60 8 ");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+  EXPECT_LT(seconds, 40) << "the SIGTERM was not obeyed";
+  EXPECT_TRUE(contains(r.err, "the batch in flight did not end within 10 s of the stop signal; exiting without a new "
+                              "checkpoint; the newest checkpoint is " + out + "/checkpoint-15.pt; resume with: mixtrain train "
+                              "--resume " + out))
+      << r.err;
+}
+
+// `timeout` signals the process and then its group: the two TERMs are one request, which
+// saves a checkpoint (the second one used to exit at once, without one).
+TEST(CliBadInputTest, TimeoutsTwoSignalsAreOneStopThatSavesACheckpoint) {
+  const std::string out = test::scratch_dir("timeout_stop") + "/run";
+  const auto r = run_cli("train" + mlp_on("data.pt") + " --epochs 100000 --out " + out, "timeout --preserve-status -k 60 4 ");
+  EXPECT_EQ(r.code, 130) << r.err;
+  EXPECT_TRUE(contains(r.err, "mixtrain: interrupted; checkpoint saved to " + out + "/checkpoint-")) << r.err;
+  EXPECT_FALSE(contains(r.err, "a second stop signal")) << r.err;
+}
+
+// A storage record shorter than the pickle claims: libtorch sized the storage by the
+// claim and trained on (and wrote into) whatever lay past the record.
+TEST(CliBadInputTest, AModelOrCheckpointWhoseRecordIsShorterThanItsClaimIsRefused) {
+  const std::string cut = MIXTRAIN_SOURCE_DIR "/fuzz/regressions/scripted_model/l1-weight-record-cut.pt";
+  EXPECT_THROW_WITH(load_scripted_model(cut), "tensor 'l1.weight' of shape [10, 64] needs 2560 bytes of data but the file "
+                                              "holds 100 for it");
+  // Deflated records are inflated where the check cannot see: refused as a whole (torch writes none).
+  EXPECT_THROW_WITH(load_scripted_model(MIXTRAIN_SOURCE_DIR "/fuzz/regressions/scripted_model/compressed-record-cut.pt"),
+                    "holds a compressed storage record (two_layer/data/0), which torch never writes");
+  // Every kept regression input of the loader's fuzz target is a one-line error; every seed loads.
+  for (const auto& entry : fs::directory_iterator(MIXTRAIN_SOURCE_DIR "/fuzz/regressions/scripted_model"))
+    EXPECT_THROW(load_scripted_model(entry.path().string()), c10::Error) << entry.path();
+  for (const auto& entry : fs::directory_iterator(MIXTRAIN_SOURCE_DIR "/fuzz/seeds/scripted_model"))
+    EXPECT_NO_THROW(load_scripted_model(entry.path().string())) << entry.path();
+  const std::string dir = test::scratch_dir("record_cut");
+  const auto r = run_cli("train --model " + cut + " --data " + file("data.pt") + " --epochs 1 --out " + dir + "/model_run");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/model_run"));
+  // The same edit inside a checkpoint, its header's checksum recomputed.
+  const std::string out = dir + "/run";
+  ASSERT_EQ(run_cli("train" + mlp_on("data.pt") + " --epochs 2 --out " + out + " --interrupt-at-step 5").code, 130);
+  std::string checkpoint;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) checkpoint = e.path().string();
+  ASSERT_FALSE(checkpoint.empty());
+  ASSERT_EQ(std::system(("/usr/bin/python3 " MIXTRAIN_SOURCE_DIR "/tests/python/cut_record.py " + checkpoint + " " +
+                         checkpoint + " 280 100").c_str()),
+            0);  // fc.weight: 10 x 7 floats
+  const auto resumed = run_cli("train --resume " + out);
+  EXPECT_EQ(resumed.code, 2) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, "needs 280 bytes of data but the file holds 100 for it")) << resumed.err;
+}
+
+// args.json kept --data as typed (relative) and the checkpoint no fingerprint of it:
+// a resume from elsewhere, or after the file was replaced, trained on other data.
+TEST(CliBadInputTest, AResumeReadsTheSameFilesFromAnywhereOrSaysWhichChanged) {
+  const std::string dir = test::scratch_dir("resume_inputs");
+  fs::copy_file(file("data.pt"), dir + "/data.pt");
+  fs::copy_file(file("mlp.pt"), dir + "/mlp.pt");
+  const std::string out = dir + "/run";
+  const auto cut = run_cli("train --model mlp.pt --data data.pt --bs 32 --threads 1 --epochs 2 --interrupt-at-step 5 --out " + out,
+                           "cd " + dir + " && ");
+  ASSERT_EQ(cut.code, 130) << cut.err;
+  EXPECT_TRUE(contains(test::slurp(out + "/args.json"), "\"data\": \"" + dir + "/data.pt\"")) << test::slurp(out + "/args.json");
+  // Another data file in its place: refused, naming it.
+  fs::copy_file(file("y_class_minus_1.pt"), dir + "/data.pt", fs::copy_options::overwrite_existing);
+  auto r = run_cli("train --resume " + out);  // from the tests' own directory, not dir
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "cannot resume " + out + ": --data " + dir + "/data.pt is ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "but its checkpoints were trained on")) << r.err;
+  // The file put back: the resume goes on, from any directory.
+  fs::copy_file(file("data.pt"), dir + "/data.pt", fs::copy_options::overwrite_existing);
+  r = run_cli("train --resume " + out);
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// summary.json's per-epoch shares dropped the epochs before a resume and miscounted the
+// interrupted one (the totals were right).
+TEST(CliBadInputTest, Bf16PureLostUpdateSharesPerEpochSurviveAResume) {
+  const std::string dir = test::scratch_dir("lost_per_epoch");
+  const std::string flags = "train" + mlp_on("data.pt") + " --precision bf16-pure --lr 1e-4 --epochs 3 --out ";
+  ASSERT_EQ(run_cli(flags + dir + "/whole").code, 0);
+  ASSERT_EQ(run_cli(flags + dir + "/cut --interrupt-at-step 20").code, 130);  // in epoch 2 of 15 steps each
+  const auto resumed = run_cli("train --resume " + dir + "/cut");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  const auto whole = test::read_json(dir + "/whole/summary.json").at("lost_updates");
+  const auto cut = test::read_json(dir + "/cut/summary.json").at("lost_updates");
+  EXPECT_EQ(whole.at("per_epoch").size(), 3u) << whole;
+  EXPECT_EQ(cut.at("per_epoch"), whole.at("per_epoch"));
+  EXPECT_EQ(cut.at("fraction"), whole.at("fraction"));
+}
+
+TEST(CliBadInputTest, IslandsHoldingEveryParameterAreRefusedAsStarIs) {
+  test::expect_usage_error("train --model " + file("normed_mlp.pt") + " --data " + file("data.pt") +
+                               " --precision bf16 --keep-fp32 l1,ln1,l2 --out " + test::scratch_dir("all_islands") + "/run",
+                           "keeps every parameter of the model in fp32: that is fp32 training, not an island");
 }
 
 } // namespace

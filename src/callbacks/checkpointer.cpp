@@ -48,6 +48,12 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints_in(const std::string& dir)
 
 bool Checkpointer::holds_checkpoints(const std::string& dir) { return !checkpoints_in(dir).empty(); }
 
+std::vector<std::string> Checkpointer::newest_first(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : checkpoints_in(dir)) out.push_back(dir + "/" + path.filename().string());
+  return out;
+}
+
 std::string Checkpointer::latest(const std::string& dir) {
   const auto found = checkpoints_in(dir);
   return found.empty() ? "" : dir + "/" + found.front().second.filename().string();

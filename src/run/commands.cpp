@@ -19,13 +19,18 @@
 #include "mixtrain/callbacks/fault_injection.h"
 #include "mixtrain/util/threads.h"
 
+#include "util/read_file.h"
+
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <optional>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <mutex>
 
 namespace mixtrain::run {
 
@@ -44,33 +49,99 @@ void check_monitor(Learner& learn, const std::string& monitor) {
                                    "' (choices: " + callbacks::monitorable_list(learn.recorder()) + ")");
 }
 
-/// Keeps the run's configuration in every checkpoint, so that a resume can tell
-/// that args.json still describes the run the checkpoint continues.
+/// The input files a run reads (its data and model files, by option key) as
+/// "size bytes, crc32 X": what a resume must find again.
+std::map<std::string, std::string> input_fingerprints(const RunConfig& r) {
+  std::map<std::string, std::string> out;
+  for (const auto& [key, path] : {std::pair<std::string, std::string>{"data", r.data}, {"model", r.model}}) {
+    std::error_code ec;
+    if (path.empty() || !std::filesystem::is_regular_file(path, ec)) continue;  // a built-in model or data set
+    uLong crc = crc32(0L, Z_NULL, 0);
+    size_t bytes = 0;
+    mixtrain::detail::read_file_chunks(path, key + " file ", [&](const char* chunk, size_t n) {
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(chunk), static_cast<uInt>(n));
+      bytes += n;
+    });
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08lx", static_cast<unsigned long>(crc));
+    out[key] = std::to_string(bytes) + " bytes, crc32 " + hex;
+  }
+  return out;
+}
+
+/// Keeps the run's configuration and its input files' fingerprints in every
+/// checkpoint, so that a resume can tell that args.json still describes the run the
+/// checkpoint continues, and that it reads the same files.
 class RunRecord : public Callback {
  public:
-  explicit RunRecord(std::string json) : json_(std::move(json)) {}
+  RunRecord(std::string json, std::map<std::string, std::string> inputs) : json_(std::move(json)), inputs_(std::move(inputs)) {}
   std::string name() const override { return "RunRecord"; }
   std::string state_key() const override { return kKey; }
-  void save_state(torch::serialize::OutputArchive& ar) const override { ar.write("args", c10::IValue(json_)); }
+  void save_state(torch::serialize::OutputArchive& ar) const override {
+    ar.write("args", c10::IValue(json_));
+    c10::Dict<std::string, std::string> inputs;
+    for (const auto& [key, fingerprint] : inputs_) inputs.insert(key, fingerprint);
+    ar.write("inputs", c10::IValue(inputs));
+  }
 
   static constexpr const char* kKey = "run_config";
 
  private:
   std::string json_;
+  std::map<std::string, std::string> inputs_;
+};
+
+/// What a checkpoint's run record holds.
+struct Recorded {
+  RunConfig config;
+  std::map<std::string, std::string> inputs;  ///< empty in checkpoints of 0.2's first sessions
 };
 
 /// The configuration a checkpoint was trained with, or nullopt for a checkpoint
 /// of an older version (it holds none).
-std::optional<RunConfig> recorded_config(const std::string& checkpoint) {
+std::optional<Recorded> recorded_run(const std::string& checkpoint) {
   torch::serialize::InputArchive ar, record;
   Learner::open_checkpoint(checkpoint, ar);
   if (!ar.try_read(std::string("callback.") + RunRecord::kKey, record)) return std::nullopt;
-  c10::IValue json;
+  c10::IValue json, inputs;
   TORCH_CHECK(record.try_read("args", json) && json.isString(), "Checkpoint ", checkpoint, " has a damaged run record");
+  Recorded out;
   try {
-    return RunConfig::from_json(json.toStringRef());
+    out.config = RunConfig::from_json(json.toStringRef());
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "Checkpoint ", checkpoint, " has a damaged run record (", e.msg(), ")");
+  }
+  if (record.try_read("inputs", inputs)) {
+    TORCH_CHECK(inputs.isGenericDict(), "Checkpoint ", checkpoint, " has a damaged run record");
+    for (const auto& kv : inputs.toGenericDict()) {
+      TORCH_CHECK(kv.key().isString() && kv.value().isString(), "Checkpoint ", checkpoint, " has a damaged run record");
+      out.inputs[kv.key().toStringRef()] = kv.value().toStringRef();
+    }
+  }
+  return out;
+}
+
+/// A resume reads the files its checkpoints were trained on.
+void check_same_inputs(const std::map<std::string, std::string>& trained, const RunConfig& now, const std::string& folder) {
+  const auto current = input_fingerprints(now);
+  for (const auto& [key, fingerprint] : trained) {
+    const auto it = current.find(key);
+    const std::string path = key == "data" ? now.data : now.model;
+    if (it != current.end() && it->second == fingerprint) continue;
+    throw OptionError(key, "cannot resume " + folder + ": " + Phrase::name(key) + " " + path +
+                               (it == current.end() ? " is no longer there" : " is " + it->second) +
+                               ", but its checkpoints were trained on " + fingerprint +
+                               "; a resume continues that run on the same file (put it back, or start a new run with " +
+                               Phrase::name("out") + ")");
+  }
+}
+
+/// Input files named as they resolve from anywhere: args.json and the run record
+/// keep absolute paths, so a resume from another directory reads the same files.
+void resolve_input_paths(RunConfig& r) {
+  for (std::string* path : {&r.data, &r.model}) {
+    std::error_code ec;
+    if (!path->empty() && std::filesystem::is_regular_file(*path, ec)) *path = std::filesystem::absolute(*path, ec).string();
   }
 }
 
@@ -84,8 +155,14 @@ void check_same_run(const RunConfig& trained, const RunConfig& now, const std::s
     if (!o.stored || o.key == "threads") continue;
     const std::string before = o.get(was), after = o.get(is);
     if (before == after) continue;
-    throw OptionError(o.key, "cannot resume " + folder + ": args.json sets " + Phrase::setting(o.key, after) +
-                                 " but its checkpoints were trained with " + Phrase::setting(o.key, before) +
+    // A switch is on or off, an empty list is none (not "drop --x", not "--x " with nothing after it).
+    const auto value = [&](const std::string& v) {
+      if (o.type == ValueType::kSwitch) return Phrase::name(o.key) + (v == "true" ? " on" : " off");
+      if (v.empty()) return Phrase::name(o.key) + " none";
+      return Phrase::setting(o.key, v);
+    };
+    throw OptionError(o.key, "cannot resume " + folder + ": args.json sets " + value(after) +
+                                 " but its checkpoints were trained with " + value(before) +
                                  "; a resume continues that run (put args.json back, or start a new run with " +
                                  Phrase::name("out") + ")");
   }
@@ -164,7 +241,31 @@ RunArgs resume_args(const std::string& folder_path, int threads) {
   return a;
 }
 
+namespace {
+std::mutex g_run_turn;
+
+/// What makes a run stop on request: the front end's poll, and for a run that keeps
+/// no checkpoints StopOnRequest (a training run's Checkpointer saves, then stops).
+void add_stop_callbacks(Learner& learn, const StopFlags& stop, bool keeps_checkpoints) {
+  if (stop.poll && stop.requested) learn.add_cb(std::make_shared<callbacks::PollForStop>(stop.poll, stop.requested));
+  if (stop.requested && !keeps_checkpoints) learn.add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
+}
+thread_local int g_turns_held = 0;  // this thread's nested turns
+} // namespace
+
+RunTurn::RunTurn() {
+  if (g_turns_held++ > 0) return;
+  if (g_run_turn.try_lock()) return;
+  std::cout << "mixtrain: another run is in progress in this process; this one starts when it ends" << std::endl;
+  g_run_turn.lock();
+}
+
+RunTurn::~RunTurn() {
+  if (--g_turns_held == 0) g_run_turn.unlock();
+}
+
 TrainResult train(RunArgs a, const StopFlags& stop) {
+  const RunTurn turn;
   validate(a, Command::kTrain);
   const RunConfig& r = a.config;
   const int threads = configure_threads(r.threads, thread_policy(r));
@@ -174,20 +275,34 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   const distributed::Env env = distributed::env_from_environment();
   const bool writer = env.rank == 0;
 
+  if (a.resume.empty()) resolve_input_paths(a.config);
   const auto split = load_split(a, env.world_size);  // data problems are reported before the run folder is created
   std::string checkpoint;
-  std::optional<RunConfig> trained;  // what the checkpoint resumed from was trained with
+  std::optional<Recorded> trained;  // what the checkpoint resumed from was trained with
   if (!a.resume.empty()) {
     if (r.ranks != env.world_size)
       TORCH_CHECK(false, "cannot resume ", a.out, " with ", env.world_size, " rank(s): it was trained by ", r.ranks,
                   "; resume with: ", train_command(r.ranks), " --resume ", a.out);
     const RunFolder resumed(a.out);
+    resumed.prepare();  // writable, and `latest` a file: found now, not at the first checkpoint
     resumed.remove_dead_temp_files();
     checkpoint = resumed.latest_checkpoint();
     TORCH_CHECK(!checkpoint.empty(), "cannot resume ", a.out,
                 ": it holds no complete checkpoint (the run stopped before its first one landed); start it again with: ",
                 train_command(r.ranks), " --out ", a.out, " and the flags in ", a.out, "/args.json");
-    if ((trained = recorded_config(checkpoint))) check_same_run(*trained, r, a.out);
+    try {
+      trained = recorded_run(checkpoint);
+    } catch (const c10::Error& e) {
+      // A damaged newest checkpoint: an older complete one may be there to resume from.
+      const auto all = callbacks::Checkpointer::newest_first(a.out);
+      TORCH_CHECK(all.size() < 2, e.msg(), "; the older checkpoint ", all.size() > 1 ? all[1] : "",
+                  " may be whole: move the damaged one away and resume again");
+      throw;
+    }
+    if (trained) {
+      check_same_run(trained->config, r, a.out);
+      check_same_inputs(trained->inputs, r, a.out);
+    }
   }
   // The model, its fit to the data and the precision (fp32 islands name its modules)
   // are checked before the run folder is written.
@@ -218,11 +333,12 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
                                                                     .armed(stop.armed)
                                                                     .write(writer));
   learn.add_cb(checkpointer);
+  add_stop_callbacks(learn, stop, /*keeps_checkpoints=*/true);
   // A checkpoint of an older version holds no run record: its resume goes on without one.
   if (checkpoint.empty() || trained) {
     RunConfig recorded = r;
     recorded.ranks = env.world_size;
-    learn.add_cb(std::make_shared<RunRecord>(recorded.to_json()));
+    learn.add_cb(std::make_shared<RunRecord>(recorded.to_json(), input_fingerprints(r)));
   }
   // Testing aids act on the last rank only: the others must learn of it through the group.
   const bool last_rank = env.rank == env.world_size - 1;
@@ -324,6 +440,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
 }
 
 LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
+  const RunTurn turn;
   validate(a, Command::kLrFind);
   const RunConfig& r = a.config;
   const int threads = configure_threads(r.threads, thread_policy(r));
@@ -335,7 +452,7 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   if (a.out.empty()) a.out = RunFolder::default_path("lr_find-");
   const RunFolder folder(a.out);
   folder.prepare();
-  if (stop.requested) learner->add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
+  add_stop_callbacks(*learner, stop, /*keeps_checkpoints=*/false);
   const LrFindOptions& o = a.lr_find;
   const int64_t batches = learner->dls().train.num_batches();
   std::cout << "mixtrain lr_find: model " << r.model << ", lr " << o.start_lr() << " to " << o.end_lr() << " over "
@@ -365,6 +482,7 @@ std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d) {
 }
 
 diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags& stop) {
+  const RunTurn turn;
   validate(a, Command::kDoctor);
   const RunConfig& r = a.config;
   if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16 && r.precision != Precision::kBf16Pure)
@@ -394,20 +512,40 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
                 << std::endl;
     ++built;
     auto learn = build_learner(a, split, /*progress=*/true);
-    if (stop.requested) learn->add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
+    add_stop_callbacks(*learn, stop, /*keeps_checkpoints=*/false);
     return learn;
   };
   std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train samples, " << r.epochs
             << " epoch(s), lr " << r.lr.last() << ", bs " << r.bs << ", fp32 vs " << precision_name(r.precision) << ", "
             << threads << " thread(s)" << std::endl;
-  const auto d = diagnose::compare(factory, diagnose::CompareOptions()
-                                                .epochs(r.epochs)
-                                                .lr(r.lr.last())
-                                                .precision(r.precision)
-                                                .precision_options(PrecisionOptions(r.precision_options).rounding_seed(r.seed))
-                                                .max_trials(a.no_trials ? 0 : a.max_trials)
-                                                .apply_setting(apply_setting)
-                                                .seed(r.seed));
+  // diagnosis.json holds the verdict before the first trial starts and grows a row
+  // as each trial ends: a trial that dies, or a stop, leaves what was known.
+  std::optional<diagnose::Diagnosis> known;
+  const auto keep = [&](const diagnose::Diagnosis& now) {
+    known = now;
+    write_file_atomically(folder.file("diagnosis.json"), now.to_json(words));
+    if (stop.armed) stop.armed->store(true);  // from here a stop has something to save
+  };
+  diagnose::Diagnosis d;
+  try {
+    d = diagnose::compare(factory, diagnose::CompareOptions()
+                                       .epochs(r.epochs)
+                                       .lr(r.lr.last())
+                                       .precision(r.precision)
+                                       .precision_options(PrecisionOptions(r.precision_options).rounding_seed(r.seed))
+                                       .max_trials(a.no_trials ? 0 : a.max_trials)
+                                       .apply_setting(apply_setting)
+                                       .seed(r.seed)
+                                       .on_progress(keep));
+  } catch (const callbacks::StopRequested&) {
+    if (!known) throw;  // stopped before the verdict: nothing to keep
+    known->trials_status = "interrupted";
+    write_file_atomically(folder.file("diagnosis.json"), known->to_json(words));
+    std::cerr << "mixtrain doctor: stopped during trial " << known->trials.size() + 1 << "; verdict "
+              << diagnose::to_string(known->verdict) << " and the " << known->trials.size() << " trial(s) that ended are in "
+              << folder.file("diagnosis.json") << std::endl;
+    throw;
+  }
 
   write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
   std::vector<std::string> written{folder.file("diagnosis.json")};

@@ -137,7 +137,10 @@ void check_class_targets(const RunConfig& r, const torch::Tensor& probe, const d
                                  {"validation", &split.valid}}) {
     if (!d->y.defined() || d->y.is_floating_point() || d->y.numel() == 0) continue;
     const torch::Tensor kept = d->y.masked_select(d->y.ne(-100));  // cross_entropy's ignore_index
-    if (kept.numel() == 0) continue;
+    // Every target ignored: each loss would be the mean of nothing, NaN from the first step.
+    if (kept.numel() == 0)
+      throw OptionError("data", Phrase(std::string("every ") + which + " target is -100, cross_entropy's ignore index: "
+                                       "there is nothing to learn from or measure"));
     const int64_t lo = kept.min().item<int64_t>(), hi = kept.max().item<int64_t>();
     if (lo >= 0 && hi < classes) continue;
     throw OptionError("data", Phrase(std::string("the ") + which + " targets hold the class " + std::to_string(lo < 0 ? lo : hi) +

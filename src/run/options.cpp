@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -187,13 +188,17 @@ std::vector<Option> make_table() {
           .stored()
           .access([](const RunArgs& a) { return std::to_string(a.config.seed); },
                   [](RunArgs& a, const std::string& t) {
-                    // Any uint64 reads back (args.json keeps the seed digit for digit); the help's range is torch's.
+                    // The range the help gives: torch's generators take a uint64, but the seed
+                    // also travels as a signed 64-bit number (summary.json, Python), where 2^63
+                    // and above would wrap to a negative seed.
                     if (!t.empty() && t[0] == '-') throw OptionError("seed", t, "must be >= 0");
                     errno = 0;
                     char* end = nullptr;
                     const unsigned long long v = std::strtoull(t.c_str(), &end, 10);
-                    if (t.empty() || end != t.c_str() + t.size() || errno == ERANGE)
+                    if (t.empty() || end != t.c_str() + t.size() || (errno == ERANGE && v != ULLONG_MAX))
                       throw OptionError("seed", "'" + t + "'", "must be an integer");
+                    if (errno == ERANGE || v > static_cast<unsigned long long>(std::numeric_limits<int64_t>::max()))
+                      throw OptionError("seed", t, "must be at most 2^63-1 (9223372036854775807)");
                     a.config.seed = v;
                   }));
   add(Def("limit", "--limit", ValueType::kInt, kT | kD | kL,
@@ -442,10 +447,11 @@ void validate(const RunArgs& args, Command command) {
   if (train && r.split_at.empty() && r.freeze_to != 0)
     throw OptionError("freeze_to", Phrase::setting("freeze_to", std::to_string(r.freeze_to)) +
                                        " needs parameter groups: name where they start with " + Phrase::name("split_at"));
-  // The table's limits, and finite numbers, for every option the command takes
-  // (a mode's own options only in that mode: the library checks them there too).
+  // The table's limits, and finite numbers, for every option the command takes, in
+  // every mode: a value another mode ignores is still stored in args.json, and a
+  // NaN there (JSON null) would make the run impossible to resume.
   for (const Option& o : options()) {
-    if (!o.takes(command) || !o.applies_to(r.precision)) continue;
+    if (!o.takes(command)) continue;
     if (o.type != ValueType::kInt && o.type != ValueType::kNumber) continue;
     const std::string text = o.get(args);
     const double v = std::strtod(text.c_str(), nullptr);

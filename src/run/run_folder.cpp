@@ -36,6 +36,12 @@ void RunFolder::prepare() const {
     if (!f || !(f << "ok") || !f.flush()) throw OptionError("out", Phrase::name("out") + " directory " + path_ + " is not writable");
   }
   fs::remove(probe, ec);
+  // The Checkpointer names each checkpoint in `latest`: found at the first checkpoint, an
+  // epoch in, this would cost the epoch.
+  const fs::path latest = fs::path(path_) / "latest";
+  if (fs::exists(fs::symlink_status(latest, ec)) && !fs::is_regular_file(fs::symlink_status(latest, ec)))
+    throw OptionError("out", Phrase::name("out") + " directory " + path_ + " holds 'latest', which is not a regular file "
+                                                                            "(checkpoints are named there): remove it");
 }
 
 bool RunFolder::holds_checkpoints() const { return callbacks::Checkpointer::holds_checkpoints(path_); }

@@ -80,7 +80,49 @@ class Normed(nn.Module):  # BatchNorm: NaN inputs reach its running statistics, 
         return self.fc(self.bn(x))
 
 
-for name, model in [("mlp", MLP()), ("hang", Hang()), ("boom", Boom()), ("misfit", MisfitAfterProbe()), ("layers", Layers()), ("normed", Normed())]:
+class CountsTrainingCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(7, 10)
+        self.calls = 0
+
+    def count(self, x) -> int:
+        """The training forwards of real batches so far (the probe's have 2 samples)."""
+        if self.training and x.size(0) > 2:
+            self.calls += 1
+            return self.calls
+        return 0
+
+
+class HangLater(CountsTrainingCalls):  # trains 25 steps (an epoch of data.pt and some), then its forward never returns
+    def forward(self, x):
+        if self.count(x) > 25:
+            i = 0
+            while i >= 0:
+                i = i + 1
+        return self.fc(x)
+
+
+class BoomLater(CountsTrainingCalls):  # the model's own check fails at its 10th training forward
+    def forward(self, x):
+        if self.count(x) == 10:
+            raise RuntimeError("boom at call 10")
+        return self.fc(x)
+
+
+class NormedMLP(nn.Module):  # Linear -> LayerNorm -> Linear: an island fed a bf16 activation
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(7, 16)
+        self.ln1 = nn.LayerNorm(16)
+        self.l2 = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.ln1(self.l1(x))))
+
+
+for name, model in [("mlp", MLP()), ("hang", Hang()), ("boom", Boom()), ("misfit", MisfitAfterProbe()), ("layers", Layers()),
+                    ("normed", Normed()), ("hang_later", HangLater()), ("boom_later", BoomLater()), ("normed_mlp", NormedMLP())]:
     torch.jit.script(model).save(path(name + ".pt"))
 
 x = torch.randn(600, 7)
@@ -94,6 +136,7 @@ y_neg = y.clone()
 y_neg[7] = -1
 torch.save({"x": x, "y": y_neg, "valid_x": vx, "valid_y": vy}, path("y_class_minus_1.pt"))
 torch.save({"x": x, "y": y, "valid_x": vx, "valid_y": torch.full((100,), 99)}, path("valid_y_99.pt"))
+torch.save({"x": x, "y": torch.full((600,), -100), "valid_x": vx, "valid_y": vy}, path("y_all_ignored.pt"))
 torch.save({"x": x, "y": y, "valid_x": torch.randn(100, 3, 7), "valid_y": vy}, path("valid_x_3_channels.pt"))
 vx_nan = vx.clone()
 vx_nan[3, 2] = float("nan")

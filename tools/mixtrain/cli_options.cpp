@@ -39,6 +39,10 @@ run::RunArgs apply_flags(run::Command command, const GivenFlags& given) {
     if (it == given.values.end()) continue;
     try {
       o.set(args, it->second);
+      // An empty value is a mistake (an unset shell variable), not the default in disguise:
+      // --data '' would otherwise train on Fashion-MNIST without a word.
+      if (o.type == run::ValueType::kText && it->second.empty())
+        throw UsageError("an empty " + o.flag + ": give it a value, or leave " + o.flag + " out for its default");
     } catch (const mixtrain::OptionError& e) {
       throw UsageError(e.message(run::flag_words()));
     } catch (const c10::Error& e) {

@@ -6,6 +6,8 @@
 #include <mixtrain/util/option_error.h>
 #include <mixtrain/models/failure_site.h>
 #include <mixtrain/run/commands.h>
+#include <mixtrain/run/run_folder.h>
+#include <mixtrain/callbacks/stop_on_request.h>
 
 #include "cli_options.h"
 #include "launch.h"
@@ -13,10 +15,12 @@
 #include <CLI/CLI.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <thread>
+#include <time.h>
 #include <unistd.h>
 
 using namespace mixtrain_cli;
@@ -29,13 +33,59 @@ namespace {
 // Before that there is nothing to save, so a signal exits at once with its own
 // code (128 + the signal): a forward that never returns cannot hold a
 // supervisor's single SIGTERM hostage.
+// A batch still in flight kStopGraceSeconds after the stop request (a forward that
+// hangs) does not hold the process either: it exits with 128 + the signal, naming the
+// newest checkpoint, which is whole (checkpoints are written to a temp file and renamed).
 std::atomic<bool> g_stop_requested{false};
 std::atomic<bool> g_stop_agreed{false};  // data parallel: the request, agreed by all ranks
 std::atomic<bool> g_stop_armed{false};   // a stop would be saved (run::StopFlags::armed)
+std::atomic<int> g_stop_signal{0};       // the signal that asked for the stop
+constexpr int kStopGraceSeconds = 10;
+
+std::atomic<int64_t> g_first_stop_ms{0};  // when the stop was asked for (CLOCK_MONOTONIC)
+
+int64_t monotonic_ms() {  // async-signal-safe
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+}
 
 extern "C" void on_stop_signal(int sig) {
   if (!g_stop_armed.load()) ::_exit(128 + sig);
-  if (g_stop_requested.exchange(true)) ::_exit(kExitInterrupted);
+  const int64_t now = monotonic_ms();
+  int64_t unset = 0;
+  g_first_stop_ms.compare_exchange_strong(unset, now);  // the first signal's time, before the request is seen
+  if (g_stop_requested.exchange(true)) {
+    // `timeout` signals the process and then its process group: the same request twice
+    // within a moment. A second signal later than that is a person insisting.
+    if (now - g_first_stop_ms.load() < 1000) return;
+    static const char kLine[] = "mixtrain: a second stop signal: exiting at once, without a new checkpoint\n";
+    (void)!::write(STDERR_FILENO, kLine, sizeof kLine - 1);  // async-signal-safe
+    ::_exit(kExitInterrupted);
+  }
+  g_stop_signal = sig;
+}
+
+/// Watches for the stop request; `folder` is the run folder whose newest checkpoint
+/// a forced exit names (empty: a default folder, named by the run's own lines).
+void watch_stop(std::string folder, std::string resume_command, bool keeps_checkpoints) {
+  std::thread([folder = std::move(folder), resume_command = std::move(resume_command), keeps_checkpoints] {
+    while (!g_stop_requested.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::seconds(kStopGraceSeconds));
+    std::string line = "mixtrain: the batch in flight did not end within " + std::to_string(kStopGraceSeconds) +
+                       " s of the stop signal; exiting without a new checkpoint";
+    if (keeps_checkpoints && folder.empty()) {
+      line += "; the run folder's newest checkpoint is whole: resume with: " + resume_command + " --resume FOLDER";
+    } else if (keeps_checkpoints) {
+      const std::string newest = run::RunFolder(folder).latest_checkpoint();
+      line += newest.empty() ? "; no checkpoint has landed yet"
+                             : "; the newest checkpoint is " + newest + "; resume with: " + resume_command + " --resume " + folder;
+    }
+    line += "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fflush(stderr);
+    ::_exit(128 + g_stop_signal.load());
+  }).detach();
 }
 
 void install_stop_handlers() {
@@ -72,6 +122,7 @@ int run_train(const GivenFlags& given) {
   const run::RunArgs args = train_args(given);
   if (!given.has("resume")) warn_ignored(args, given);
   install_stop_handlers();
+  watch_stop(args.out, "mixtrain train", /*keeps_checkpoints=*/true);
   const run::TrainResult r = run::train(args, {&g_stop_requested, &g_stop_agreed, &g_stop_armed});
   switch (r.end) {
     case run::TrainResult::End::kFinished:
@@ -109,6 +160,9 @@ struct Subcommand {
 } // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) then fails a write with EFBIG, which the run reports
+  // as a full disk (which checkpoint is intact, how to resume), instead of a silent kill.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"mixtrain: mixed-precision training for libtorch, fastai-style.", "mixtrain"};
   app.require_subcommand(1);
   Subcommand train{run::Command::kTrain}, doctor{run::Command::kDoctor}, lr_find{run::Command::kLrFind};
@@ -176,8 +230,14 @@ int main(int argc, char** argv) {
     if (doctor.app->parsed()) {
       const run::RunArgs args = apply_flags(run::Command::kDoctor, doctor.given);
       warn_ignored(args, doctor.given);
-      return run::doctor(args, run::flag_words()).healthy() ? 0 : 1;
+      // Until the verdict is written a stop signal exits at once; during the trials
+      // it ends the trial in flight, and diagnosis.json keeps what is known.
+      install_stop_handlers();
+      watch_stop("", "", /*keeps_checkpoints=*/false);
+      return run::doctor(args, run::flag_words(), {&g_stop_requested, nullptr, &g_stop_armed}).healthy() ? 0 : 1;
     }
+  } catch (const mixtrain::callbacks::StopRequested&) {
+    return kExitInterrupted;  // run::doctor said what it kept
   } catch (const UsageError& e) {
     print_error(e.what());
   } catch (const mixtrain::OptionError& e) {

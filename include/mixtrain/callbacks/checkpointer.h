@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mixtrain::callbacks {
 
@@ -60,6 +61,8 @@ class Checkpointer : public Callback {
   /// checkpoint. `latest` itself is never followed, so a `latest` naming a file
   /// elsewhere, or a huge one, changes nothing.
   static std::string latest(const std::string& dir);
+  /// Every complete checkpoint in `dir`, newest (highest step) first.
+  static std::vector<std::string> newest_first(const std::string& dir);
   /// Whether `dir` holds a complete checkpoint (a temp file of a killed writer is none).
   static bool holds_checkpoints(const std::string& dir);
   /// Removes the temp files (NAME.tmp.PID) of writers that are no longer running;

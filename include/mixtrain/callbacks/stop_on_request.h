@@ -8,6 +8,7 @@
 #include "mixtrain/core/callback.h"
 
 #include <atomic>
+#include <functional>
 #include <stdexcept>
 
 namespace mixtrain::callbacks {
@@ -27,6 +28,22 @@ class StopOnRequest : public Callback {
 
  private:
   const std::atomic<bool>* requested_;
+};
+
+/// Asks `poll` after each batch whether to stop, and raises `*requested` when it
+/// says so: before the Checkpointer (90) and StopOnRequest (100) look at it.
+class PollForStop : public Callback {
+ public:
+  PollForStop(std::function<bool()> poll, std::atomic<bool>* requested) : poll_(std::move(poll)), requested_(requested) {
+    order = 85;
+  }
+  void after_batch(Learner&) override {
+    if (poll_ && requested_ && poll_()) requested_->store(true);
+  }
+
+ private:
+  std::function<bool()> poll_;
+  std::atomic<bool>* requested_;
 };
 
 } // namespace mixtrain::callbacks

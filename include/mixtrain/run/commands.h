@@ -11,6 +11,7 @@
 #include "mixtrain/run/options.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -25,6 +26,9 @@ struct StopFlags {
   /// Until then a front end may end the process at once on a stop signal: there
   /// is nothing to save, and a forward that never returns must not hold it.
   std::atomic<bool>* armed = nullptr;
+  /// Asked between batches, on the run's own thread, whether to stop; true sets
+  /// `requested`. Python's signal handlers (signal.alarm's, say) run only there.
+  std::function<bool()> poll;
 };
 
 /// How a training run ended.
@@ -44,6 +48,20 @@ struct TrainResult {
   std::vector<StepRecord> steps;          ///< every training step (steps.csv)
   std::string summary;                    ///< summary.json's text (empty on ranks that write none)
   std::map<std::string, std::string> charts;  ///< kFinished: "loss", "lr", "scale" -> SVG text, as written
+};
+
+/// Runs in one process take turns. What a run sets is the process's, not the run's:
+/// libtorch's and OpenBLAS's thread counts, the autocast cast cache, the standard
+/// streams a front end redirects. train, lr_find and doctor each hold a turn for
+/// their whole run; a front end may hold one around its own setup too (Python's,
+/// around its stream redirects). A thread that holds the turn may take it again; a
+/// second thread waits, and says so once.
+class RunTurn {
+ public:
+  RunTurn();
+  ~RunTurn();
+  RunTurn(const RunTurn&) = delete;
+  RunTurn& operator=(const RunTurn&) = delete;
 };
 
 /// The configuration of the run in `folder`, for `--resume`: its args.json, with
