@@ -19,6 +19,7 @@
 #include <csignal>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -161,16 +162,46 @@ py::dict run_command(const std::string& command, const py::object& script_object
   } restored;
   for (const auto& p : script.named_parameters()) restored.dtypes.emplace_back(p.value, p.value.scalar_type());
 
+  // Runs take turns (the streams redirected below are the process's); waiting for one
+  // must not hold the GIL, which the run in progress needs to print.
+  std::optional<run::RunTurn> turn;
+  {
+    py::gil_scoped_release released;
+    turn.emplace();
+  }
   py::dict result;
   py::scoped_ostream_redirect to_stdout(std::cout, py::module_::import("sys").attr("stdout"));
   py::scoped_ostream_redirect to_stderr(std::cerr, py::module_::import("sys").attr("stderr"));
   const SigintStopsTheRun sigint;
-  const run::StopFlags stop{&g_stop_requested, nullptr};
-  {
+  run::StopFlags stop{&g_stop_requested, nullptr};
+  // Python runs its own signal handlers (signal.alarm's) only on the main thread and
+  // only between bytecodes: the run asks it to between batches. What a handler
+  // raises stops the run (after a checkpoint) and is raised here as it was.
+  py::object signal_error[3];
+  const bool main_thread = py::module_::import("threading").attr("main_thread")().is(
+      py::module_::import("threading").attr("current_thread")());
+  if (main_thread)
+    stop.poll = [&signal_error] {
+      py::gil_scoped_acquire held;
+      if (PyErr_CheckSignals() == 0) return false;
+      PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+      PyErr_Fetch(&type, &value, &trace);
+      signal_error[0] = py::reinterpret_steal<py::object>(type);
+      signal_error[1] = py::reinterpret_steal<py::object>(value);
+      signal_error[2] = py::reinterpret_steal<py::object>(trace);
+      return true;
+    };
+  const auto raise_signal_error = [&signal_error] {
+    if (!signal_error[0]) return;
+    PyErr_Restore(signal_error[0].release().ptr(), signal_error[1].release().ptr(), signal_error[2].release().ptr());
+    throw py::error_already_set();
+  };
+  bool interrupted = false;
+  try {
   py::gil_scoped_release released;  // Python's other threads run while the model trains
   if (c == run::Command::kTrain) {
     const run::TrainResult r = run::train(args, stop);
-    if (r.end == run::TrainResult::End::kInterrupted) throw KeyboardInterrupt{};
+    interrupted = r.end == run::TrainResult::End::kInterrupted;  // raised below, with the GIL back
     py::gil_scoped_acquire held;
     result["stopped"] = r.end == run::TrainResult::End::kStopped ? py::object(py::str(r.message.str(run::keyword_words())))
                                                                   : py::object(py::none());
@@ -208,7 +239,14 @@ py::dict run_command(const std::string& command, const py::object& script_object
     result["diverged"] = r.diverged;
     result["svg"] = r.svg();
   }
-  }  // the GIL is back before `result` is handed over
+  } catch (const mixtrain::callbacks::StopRequested&) {  // the GIL is back
+    raise_signal_error();
+    throw;
+  }
+  if (interrupted) {
+    raise_signal_error();
+    throw KeyboardInterrupt{};
+  }
   return result;
 }
 

@@ -151,7 +151,15 @@ def _tensors(data, what):
             raise ValueError("%s: x[%d] is a %s, not a tensor" % (what, i, type(t).__name__))
     if _as_tensor(y) is None:
         raise ValueError("%s: y is a %s, not a tensor" % (what, type(y).__name__))
-    return [_as_tensor(t).detach().cpu() for t in xs], _as_tensor(y).detach().cpu()
+    tensors = [_as_tensor(t) for t in xs] + [_as_tensor(y)]
+    for name, t in zip(["x[%d]" % i for i in range(len(xs))] + ["y"], tensors):
+        if t.is_meta:
+            raise ValueError("%s: %s is on the meta device (it holds no values): pass real tensors" % (what, name))
+        if t.layout != torch.strided:
+            raise ValueError("%s: %s is a %s tensor: pass %s.to_dense()" % (what, name, str(t.layout).replace("torch.", ""), name))
+    if len(tensors[-1]) == 0:
+        raise ValueError("%s holds no samples" % what)
+    return [t.detach().cpu() for t in tensors[:-1]], tensors[-1].detach().cpu()
 
 
 def _stacked(samples, what):
@@ -263,8 +271,10 @@ def _scripted(model, xs, y, loss):
                             "cannot hold it, so mixtrain cannot run it (torch.jit.script failed: %s; a trace keeps the "
                             "call as Python, which cannot be saved). Write it with torch ops, or as a C++ custom op" % (
                                 ", ".join(python_calls), why))
-        return traced, name, ("traced on the first batch (torch.jit.script failed: %s); a traced model keeps the "
-                              "train/eval behaviour it was traced in" % why)
+        how = ("traced on the first batch (torch.jit.script failed: %s); a traced model keeps the train/eval behaviour "
+               "it was traced in" % why)
+        print("mixtrain: notice: the model was %s" % how)
+        return traced, name, how
 
 
 class _Run:
@@ -328,21 +338,38 @@ def _call(command, model, data, valid, out, options, max_samples):
                   "optimizer state, no fp32 copy); pass precision= to choose another mode" %
                   ("diagnosing" if command == "doctor" else "training"))
         model.float()  # bf16 values in fp32 storage while mixtrain runs it (exact both ways)
+    precision = settings.get("precision", rows["precision"]["default"])
     loss = options.get("loss") or rows["loss"]["default"]
     run = _Run(out)
     threads = torch.get_num_threads()
+    rng = torch.get_rng_state()  # the run seeds torch's global generator, which is also the caller's
     try:
         script, name, how = _scripted(model, xs, y, loss)
         _check_forward_takes_tensors(script)
         native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder, run.keep)
+        if command == "train":
+            _say_what_is_handed_back(stored, precision)
         return native, script, how, run
     except BaseException:
         run.close()
         raise
     finally:
         torch.set_num_threads(threads)  # the run sets its own; the caller's process gets its count back
-        if stored == torch.bfloat16:
-            model.to(torch.bfloat16)  # the model is given back as it came: bf16
+        torch.set_rng_state(rng)
+        if stored == torch.bfloat16 and (command != "train" or precision == "bf16-pure"):
+            model.to(torch.bfloat16)  # bf16 values throughout: given back as it came, exactly
+
+
+def _say_what_is_handed_back(stored, precision):
+    """train() trains the caller's module in place; Result.valid measures exactly the
+    weights it holds afterwards. Where those are not what the module came in as, say so."""
+    if stored == torch.bfloat16 and precision != "bf16-pure":
+        print("mixtrain: notice: the model's parameters came in bf16 and trained as fp32 weights (precision=%r): they "
+              "are handed back in fp32, as Result.valid measured them (model.to(torch.bfloat16) would round away "
+              "updates smaller than bf16's spacing)" % precision)
+    elif stored is None and precision == "bf16-pure":
+        print("mixtrain: notice: bf16-pure trained bf16 weights: the model's fp32 parameters now hold bfloat16 values, "
+              "as Result.valid measured them")
 
 
 def _stored_dtype(model):
@@ -414,6 +441,7 @@ class Result:
         self.epochs = native["epochs"]
         self.steps = native["steps"]
         self.summary = json.loads(native["summary"]) if native["summary"] else {}
+        self.summary["model_source"] = how
         self.charts = dict(native["charts"])
         self.stopped = native.get("stopped")
         last = dict(self.epochs[-1]) if self.epochs else {}

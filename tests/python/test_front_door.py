@@ -371,3 +371,118 @@ def test_a_bf16_model_is_trained_bf16_pure_and_given_back_in_bf16(capfd):
 def test_an_fp16_model_is_a_one_line_value_error():
     with pytest.raises(ValueError, match="the model's parameters are fp16"):
         mixtrain.train(Mlp().half(), blobs(), **FAST)
+
+
+# ---- [Crashes]: real CPU bf16, threads, signals, what is handed back ----------
+
+
+class NormedMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(20, 32)
+        self.ln1 = nn.LayerNorm(32)
+        self.l2 = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.ln1(self.l1(x))))
+
+
+@pytest.fixture
+def real_bf16(monkeypatch):
+    """bf16 as a CPU with bf16 units runs it: libtorch's real CPU autocast (the same
+    path on any CPU, only slower without the units)."""
+    monkeypatch.setenv("MIXTRAIN_CPU_BF16", "1")
+
+
+def test_an_island_fed_a_bf16_activation_trains_under_real_cpu_bf16(real_bf16):
+    for precision in ("bf16", "bf16-pure"):
+        r = mixtrain.train(NormedMlp(), blobs(), precision=precision, keep_fp32=["ln1"], epochs=1, **FAST)
+        assert r.summary["emulated"] is False
+        assert r.valid["valid_loss"] == r.valid["valid_loss"]  # finite, not NaN
+
+
+def test_two_threads_train_at_once_and_get_what_each_would_alone(real_bf16):
+    jobs = [("bf16", 0), ("bf16-pure", 1), ("bf16", 2), ("bf16-pure", 3)]
+    torch.manual_seed(0)
+    models = [Mlp() for _ in jobs]
+    alone = [copy.deepcopy(m) for m in models]
+    results, errors = {}, []
+
+    def run(i):
+        precision, seed = jobs[i]
+        try:
+            results[i] = mixtrain.train(models[i], blobs(), precision=precision, seed=seed, epochs=2, **FAST)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, (precision, seed) in enumerate(jobs):
+        r = mixtrain.train(alone[i], blobs(), precision=precision, seed=seed, epochs=2, **FAST)
+        assert results[i].valid == r.valid, (precision, seed)
+        for a, b in zip(models[i].parameters(), alone[i].parameters()):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, TimeoutError])
+def test_what_a_signal_handler_raises_stops_the_fit_between_batches(raised):
+    def on_alarm(signum, frame):
+        raise raised("alarm")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(raised):
+            mixtrain.train(Mlp(), blobs(4096), precision="fp16", epochs=200, **FAST)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 30  # not after the 200 epochs
+
+
+def test_a_bf16_model_trained_as_fp32_weights_comes_back_in_fp32_as_valid_measured_it(capfd):
+    x, y = blobs()
+    vx, vy = blobs(256, seed=1)
+    for precision in ("fp32", "bf16-master"):
+        model = Mlp().to(torch.bfloat16)
+        r = mixtrain.train(model, (x, y), valid=(vx, vy), precision=precision, epochs=2, **FAST)
+        assert all(p.dtype == torch.float32 for p in model.parameters()), precision
+        with torch.no_grad():
+            accuracy = (model(vx).argmax(1) == vy).float().mean().item()
+        assert r.valid["accuracy"] == accuracy, precision
+        assert "came in bf16 and trained as fp32 weights (precision=%r): they are handed back in fp32" % precision in \
+            capfd.readouterr().out
+
+
+def test_an_fp32_model_under_bf16_pure_holds_bf16_values_and_says_so(capfd):
+    model = Mlp()
+    mixtrain.train(model, blobs(), precision="bf16-pure", epochs=1, **FAST)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(p, p.to(torch.bfloat16).float()) for p in model.parameters())
+    assert "the model's fp32 parameters now hold bfloat16 values" in capfd.readouterr().out
+
+
+def test_meta_sparse_and_empty_data_are_one_line_value_errors():
+    x, y = blobs()
+    with pytest.raises(ValueError, match=r"data: x\[0\] is on the meta device"):
+        mixtrain.train(Mlp(), (x.to("meta"), y), **FAST)
+    with pytest.raises(ValueError, match=r"data: x\[0\] is a sparse_coo tensor: pass x\[0\].to_dense\(\)"):
+        mixtrain.train(Mlp(), (x.to_sparse(), y), **FAST)
+    with pytest.raises(ValueError, match="valid holds no samples"):
+        mixtrain.train(Mlp(), (x, y), valid=(x[:0], y[:0]), **FAST)
+
+
+def test_train_leaves_the_callers_random_state_and_says_when_it_traced(capfd):
+    model, data = Unscriptable(), blobs()
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    r = mixtrain.train(model, data, epochs=1, seed=7, **FAST)
+    assert torch.equal(torch.rand(3), expected)  # the run seeded torch's generator with 7, then gave it back
+    assert r.summary["model_source"].startswith("traced on the first batch (torch.jit.script failed:")
+    assert "mixtrain: notice: the model was traced on the first batch" in capfd.readouterr().out
