@@ -13,6 +13,7 @@ PACKAGES=(
   iproute2                            # network namespaces for the 2-node launch test
   libcli11-dev nlohmann-json3-dev libfmt-dev
   clang-14 libclang-rt-14-dev          # the ASan+UBSan build and libFuzzer (make sanitize, make fuzz)
+  libomp-14-dev                        # OpenMP for the clang build (not on every image)
   python3-torch                        # exports TorchScript test models and runs the Python comparison scripts
   python3-dev pybind11-dev             # the Python package's extension (python/), over libtorch_python
   python3-pytest python3-torchvision   # its tests: pytest, and an eager torchvision model for the doctor
