@@ -3,6 +3,7 @@
 #include "diagnose/catalogue.h"
 #include "util/first_line.h"
 #include "util/comma_list.h"
+#include "util/short_number.h"
 
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/weight_update.h"
@@ -213,6 +214,17 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
     }
     report_progress(d, o);
     const Trial& t = d.trials.back();
+    // Cheapest first: a fix never costs less than the run it fixes (fixes add fp32, not
+    // take it away), so a proven one at that cost cannot be beaten by a cheaper one waiting.
+    const double floor = d.evidence.mixed ? d.evidence.mixed->bytes_per_param : NAN;
+    const size_t waiting = queue.size() - i - 1;
+    if (t.proven() && waiting > 0 && std::isfinite(floor) && std::isfinite(t.run.bytes_per_param) &&
+        t.run.bytes_per_param <= floor + 1e-9) {
+      d.trials_stopped = "the proven fix costs " + mixtrain::detail::short_number(t.run.bytes_per_param, 3) +
+                         " bytes a parameter, no more than the run it fixes: none of the " + std::to_string(waiting) +
+                         " fix(es) still waiting could be cheaper";
+      break;
+    }
     if (island && !t.proven() && !next.empty()) {
       std::vector<std::string> names = mixtrain::detail::comma_list(c.settings[0].value);
       if (std::find(names.begin(), names.end(), next) == names.end()) {

@@ -193,6 +193,7 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
   };
   for (const auto& t : trials) j["trials"].push_back(trial_json(t));
   j["trials_status"] = trials_status;
+  j["trials_stopped"] = trials_stopped.empty() ? nlohmann::json(nullptr) : nlohmann::json(trials_stopped);
   j["proven_fix"] = proven_fix ? trial_json(trials[*proven_fix]) : nlohmann::json(nullptr);
   return j.dump(2) + "\n";
 }
@@ -234,6 +235,7 @@ std::string Diagnosis::report(const OptionWords& words) const {
       const Trial& t = trials[*proven_fix];
       out << "proven fix: " << t.fix.str(words) << "\n  flags: " << t.settings_in(words) << "\n  library: " << api_of(t)
           << "\n";
+      if (!trials_stopped.empty()) out << "trials stopped: " << trials_stopped << "\n";
     } else {
       out << "proven fix: none: no trial trained like fp32 by the verdict's rules\n";
     }

@@ -134,6 +134,9 @@ struct Diagnosis {
   /// Where the trials stand: "running" while they run (what diagnose::compare's
   /// on_progress sees), "interrupted" when a stop ended them, "done" when they ended.
   std::string trials_status = "done";
+  /// Why the trials ended before the queue or max_trials did, or "": a proven fix that
+  /// costs no more than the run it fixes cannot be beaten by a cheaper one still waiting.
+  std::string trials_stopped;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
   /// A short, readable report (what `mixtrain doctor` prints), options named in `words`.
