@@ -13,6 +13,8 @@ echo "== master_weights_bench: master copy overhead with and without flat_master
 "$build/bench/master_weights_bench"
 echo "== pure_bf16_bench: the bf16-pure step against fp32 and bf16, weight-update rules, lost-update counting"
 "$build/bench/pure_bf16_bench"
+echo "== doctor_bench: the doctor's cost against one fp32 training run (a proven cure, a healthy verdict)"
+"$build/bench/doctor_bench"
 echo "== checkpoint_bench: save/load time against size"
 "$build/bench/checkpoint_bench"
 echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce share of a step"

@@ -1,0 +1,95 @@
+// What the doctor costs against one fp32 training run of the same model, data and
+// schedule: a LayerNorm MLP fine-tuned in bf16-pure from fp32-pretrained weights,
+// at a low learning rate (lost_updates: a cure is proven) and at a normal one
+// (healthy). The ratios are measured in this run, the arms interleaved (the host's
+// speed drifts), each arm's best of three kept.
+#include "layer_norm_mlp.h"
+
+#include <mixtrain/mixtrain.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+
+constexpr int64_t kEpochs = 2;
+
+} // namespace
+
+int main() {
+  ::setenv("MIXTRAIN_CPU_BF16", "0", 1);  // the same forward on every CPU (1.13's real bf16 falls back on a LayerNorm)
+  mixtrain::configure_threads(0);
+  torch::manual_seed(0);
+  const torch::Tensor teacher = torch::randn({64, 10});
+  const torch::Tensor x = torch::randn({4096, 64}), y = x.matmul(teacher).argmax(1);
+  const torch::Tensor vx = torch::randn({1024, 64}), vy = vx.matmul(teacher).argmax(1);
+  auto learner = [&] {
+    LayerNormMlp net(64, 256, 3, 10);
+    auto dls = mixtrain::data::DataLoaders::from_split({{x, y}, {vx, vy}}, 64, 0);
+    return std::make_unique<mixtrain::Learner>(mixtrain::Model(net), dls, mixtrain::cross_entropy(),
+                                               mixtrain::LearnerOptions().progress(false).metrics({mixtrain::accuracy()}));
+  };
+  // fp32 pretraining: the weights every arm starts from.
+  std::vector<torch::Tensor> pretrained;
+  {
+    auto pre = learner();
+    pre->fit_one_cycle(2, 1e-2);
+    for (const auto& t : pre->model().state_tensors()) pretrained.push_back(t.detach().clone());
+  }
+  const mixtrain::diagnose::LearnerFactory from_pretrained = [&] {
+    auto learn = learner();
+    torch::NoGradGuard no_grad;
+    const auto state = learn->model().state_tensors();
+    for (size_t i = 0; i < state.size(); ++i) state[i].copy_(pretrained[i]);
+    return learn;
+  };
+  auto doctor = [&](double lr) {
+    return mixtrain::diagnose::compare(from_pretrained, mixtrain::diagnose::CompareOptions()
+                                                            .epochs(kEpochs)
+                                                            .lr(lr)
+                                                            .precision(mixtrain::Precision::kBf16Pure)
+                                                            .apply_setting(mixtrain::run::apply_setting));
+  };
+  double fp32_s = 1e300, pure_s = 1e300, cured_s = 1e300, healthy_s = 1e300;
+  std::string cured_verdict, healthy_verdict;
+  size_t cured_trials = 0;
+  for (int round = 0; round < 3; ++round) {
+    double t0 = now();
+    auto one = from_pretrained();
+    one->fit_one_cycle(kEpochs, 2e-4);
+    fp32_s = std::min(fp32_s, now() - t0);
+    t0 = now();
+    auto pure = from_pretrained();  // the run under diagnosis, alone: the doctor runs it once per trial too
+    pure->set_precision(mixtrain::Precision::kBf16Pure);
+    pure->fit_one_cycle(kEpochs, 2e-4);
+    pure_s = std::min(pure_s, now() - t0);
+    t0 = now();
+    const auto cured = doctor(2e-4);
+    cured_s = std::min(cured_s, now() - t0);
+    cured_verdict = mixtrain::diagnose::to_string(cured.verdict) +
+                    std::string(cured.proven_fix ? ", proven: " + cured.trials[*cured.proven_fix].fix.str() : ", nothing proven");
+    cured_trials = cured.trials.size();
+    t0 = now();
+    const auto healthy = doctor(1e-3);
+    healthy_s = std::min(healthy_s, now() - t0);
+    healthy_verdict = mixtrain::diagnose::to_string(healthy.verdict);
+  }
+  std::printf("one fp32 training run (%lld epochs, 4096 samples): %.2f s\n", static_cast<long long>(kEpochs), fp32_s);
+  std::printf("one bf16-pure training run (the run under diagnosis): %.2f s = %.2fx one fp32 run\n", pure_s,
+              pure_s / fp32_s);
+  // The doctor runs the fp32 baseline, the mixed run and one mixed run per trial: its floor
+  // is 1 + (1 + trials) x the mixed run's cost.
+  std::printf("doctor, lr 2e-4 (%s; %zu trial(s)): %.2f s = %.2fx one fp32 run (goal <= 3.0x); floor 1 + %zu x %.2f = %.2fx\n",
+              cured_verdict.c_str(), cured_trials, cured_s, cured_s / fp32_s, cured_trials + 1, pure_s / fp32_s,
+              1 + static_cast<double>(cured_trials + 1) * pure_s / fp32_s);
+  std::printf("doctor, lr 1e-3 (%s): %.2f s = %.2fx one fp32 run (goal <= 2.2x); floor 1 + %.2f = %.2fx\n",
+              healthy_verdict.c_str(), healthy_s, healthy_s / fp32_s, pure_s / fp32_s, 1 + pure_s / fp32_s);
+  return 0;
+}
