@@ -19,8 +19,9 @@ for target in idx checkpoint tensor_file scripted_model; do
   corpus="$build/fuzz-corpus/$target"
   mkdir -p "$corpus"
   if [ -d "$root/fuzz/seeds/$target" ]; then cp -n "$root/fuzz/seeds/$target"/* "$corpus"/; fi
-  if [ "$target" = checkpoint ]; then
-    # The seed must come from this build's Learner, so it is written, not kept.
+  if [ "$target" = checkpoint ] || [ "$target" = scripted_model ]; then
+    # checkpoint: the seed must come from this build's Learner; scripted_model: its
+    # structured inputs (a seed model's record each) come from the seed models.
     "$bin" -write_seed="$corpus" 2>/dev/null
   fi
   regressions=("$root/fuzz/regressions/$target"/*)

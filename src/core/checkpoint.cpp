@@ -225,6 +225,7 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
               ", which torch never writes)");
   const detail::BoundedReader reader(data, size);
   try {
+    detail::check_pickles_in(data, size);
     ar.load_from([&](uint64_t pos, void* buf, size_t n) { return reader.read(pos, buf, n, "checkpoint"); },
                  [&] { return reader.size(); });
   } catch (const c10::Error& e) {

@@ -3,6 +3,7 @@
 
 #include "util/bounded_reader.h"
 #include "util/first_line.h"
+#include "util/pickle_check.h"
 #include "util/read_file.h"
 #include "util/tensor_bounds.h"
 
@@ -68,62 +69,6 @@ torch::Tensor as_data(const c10::IValue& v, const std::string& what, const std::
   return t.contiguous();
 }
 
-/// Walks the pickle's opcodes and refuses a length that reaches past its end, or
-/// a memo index no pickle of this size can have: libtorch's unpickler reserves a
-/// string of the stated length, and a memo table up to the stated index, before
-/// reading on, so a damaged BINUNICODE or LONG_BINPUT would allocate gigabytes
-/// (the fuzzer's third and fourth finds). Opcodes this walk does not know end it; the unpickler says what
-/// is wrong with them.
-void check_pickle_lengths(const char* data, size_t size) {
-  size_t at = 0;
-  const auto need = [&](uint64_t n) {
-    TORCH_CHECK(n <= size - at, "damaged: its pickle states a length of ", n, " bytes with ", size - at, " left");
-    at += static_cast<size_t>(n);
-  };
-  const auto le = [&](int bytes) {
-    need(static_cast<uint64_t>(bytes));
-    uint64_t v = 0;
-    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(data[at - bytes + i]);
-    return v;
-  };
-  const auto line = [&] {
-    const void* nl = std::memchr(data + at, '\n', size - at);
-    TORCH_CHECK(nl, "damaged: its pickle ends inside a text argument");
-    at = static_cast<size_t>(static_cast<const char*>(nl) - data) + 1;
-  };
-  while (at < size) {
-    const auto op = static_cast<uint8_t>(data[at++]);
-    switch (op) {
-      case '.': return;  // STOP
-      // No argument.
-      case '(': case ')': case '}': case ']': case 't': case 0x85: case 0x86: case 0x87: case 'Q': case 'R': case 0x88:
-      case 0x89: case 'N': case 'e': case 'a': case 'u': case 's': case 'b': case 0x81: case 0x94: case 0x93: case 0x8f:
-      case 0x90: case 0x91: case 0x92: case 'o': case 'd': case 'l': case '0': case '1': case '2': case 0x97: case 0x98:
-        break;
-      // Fixed-size arguments.
-      case 0x80: case 'q': case 'K': case 'h': case 0x82: need(1); break;
-      case 'M': case 0x83: need(2); break;
-      case 'J': case 0x84: need(4); break;
-      // A memo index sizes the unpickler's memo table (a 4-byte one could ask for
-      // 4G entries): a pickle puts at most one entry per opcode.
-      case 'r': case 'j': {
-        const uint64_t index = le(4);
-        TORCH_CHECK(index < size, "damaged: its pickle names memo entry ", index, " in ", size, " bytes");
-        break;
-      }
-      case 'G': case 0x95: need(8); break;
-      // Length-prefixed arguments: the length must fit what is left.
-      case 'C': case 'U': case 0x8c: case 0x8a: need(le(1)); break;
-      case 'X': case 'B': case 'T': case 0x8b: need(le(4)); break;
-      case 0x8d: case 0x8e: case 0x96: need(le(8)); break;
-      // Text arguments, ended by a newline (GLOBAL and INST take two).
-      case 'c': case 'i': line(); line(); break;
-      case 'I': case 'L': case 'S': case 'V': case 'F': case 'p': case 'g': case 'P': line(); break;
-      default: return;  // not a pickle opcode: the unpickler's error names it
-    }
-  }
-}
-
 /// torch::jit::pickle_load, keeping the size of the buffer each storage record was
 /// read into: libtorch sizes a storage by the element count the pickle claims, so a
 /// file could claim more than its record holds (the fuzzer found one), and the
@@ -135,7 +80,7 @@ c10::IValue unpickle(const std::string& bytes, std::unordered_map<const void*, s
   std::tie(pickle, pickle_size) = archive.getRecord("data.pkl");
   size_t done = 0;
   const auto* text = static_cast<const char*>(pickle.get());
-  check_pickle_lengths(text, pickle_size);
+  detail::check_pickle(text, pickle_size);
   auto read = [&](char* out, size_t n) {
     n = std::min(n, pickle_size - done);
     if (n) std::memcpy(out, text + done, n);

@@ -289,6 +289,7 @@ torch::jit::Module parse_script(const std::string& bytes, const std::string& pat
   const auto reader = std::make_shared<detail::BoundedReader>(bytes);
   torch::jit::Module script;
   try {
+    detail::check_pickles_in(bytes.data(), bytes.size());
     script = torch::jit::load(reader);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, path, " is not a TorchScript file (write one with torch.jit.script(model).save(path) ",

@@ -12,12 +12,17 @@
 // will own, in one read of the record's size, so the last read into an address is
 // the size of the buffer there: check_tensors_in_storage takes that map.
 
+#include "util/pickle_check.h"
+
+#include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 
 namespace mixtrain::detail {
@@ -85,5 +90,18 @@ class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
   size_t size_;
   mutable std::unordered_map<const void*, size_t> buffer_sizes_;
 };
+
+/// Walks every pickle of the zip in `data` (data.pkl, constants.pkl, a model's debug
+/// pickles) with check_pickle before libtorch's unpickler reads them: see pickle_check.h.
+inline void check_pickles_in(const char* data, size_t size) {
+  caffe2::serialize::PyTorchStreamReader archive(std::make_unique<BoundedReader>(data, size));
+  for (const auto& name : archive.getAllRecords()) {
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".pkl") != 0) continue;
+    at::DataPtr pickle;
+    size_t n = 0;
+    std::tie(pickle, n) = archive.getRecord(name);
+    check_pickle(static_cast<const char*>(pickle.get()), n);
+  }
+}
 
 } // namespace mixtrain::detail
