@@ -61,7 +61,7 @@ if [ "$mode" = gpu ]; then
     -DCMAKE_CUDA_ARCHITECTURES=90 -DMIXTRAIN_BUILD_EXAMPLES=OFF "${extra[@]}"
   run_step build 300 cmake --build build-gpu -j "$(nproc)" --target mixtrain_tests gpu_bench mixtrain_cli
   run_step cuda_tests 120 env MIXTRAIN_SCALE_SEQUENCE_OUT="$OUT/cpp_scales.txt" build-gpu/tests/mixtrain_tests \
-    --gtest_filter='CudaTest.*:Fp32IslandsTest.*:HostReadsTest.*:AutocastTest.*:GradScalerTest.*:LossScaleRuleTest.*:PrecisionTest.*:DataParallelTest.*:PureBf16Test.*' --gtest_output="json:$OUT/tests.json"
+    --gtest_filter='CudaTest.*:Fp32IslandsTest.*:HostReadsTest.*:AutocastTest.*:GradScalerTest.*:LossScaleRuleTest.*:PrecisionTest.*:DataParallelTest.*:PureBf16Test.*:ForwardPaths/PureBf16PathTest.*' --gtest_output="json:$OUT/tests.json"
   run_step torch_gradscaler 60 $py - "$OUT/py_scales.txt" <<'PY'
 import sys, torch
 # The pattern of CudaTest.Fp16AutocastWithFusedScalerOpsFollowsTorchsScaleRule:
