@@ -18,6 +18,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 #include <time.h>
@@ -68,10 +69,42 @@ extern "C" void on_stop_signal(int sig) {
 
 /// Watches for the stop request; `folder` is the run folder whose newest checkpoint
 /// a forced exit names (empty: a default folder, named by the run's own lines).
+/// Whether this process is writing a file in `folder` (write_file_atomically's NAME.tmp.PID),
+/// or in its default run folder (runs/<...>-PID) when `folder` is empty: a checkpoint being
+/// saved, which the stop asked for and which may take longer than the grace.
+bool saving_in(const std::string& folder) {
+  namespace fs = std::filesystem;
+  const std::string pid = std::to_string(::getpid());
+  const auto writing_here = [&](const fs::path& dir) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() > pid.size() + 5 && name.compare(name.size() - pid.size() - 5, std::string::npos, ".tmp." + pid) == 0)
+        return true;
+    }
+    return false;
+  };
+  if (!folder.empty()) return writing_here(folder);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("runs", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > pid.size() && name.compare(name.size() - pid.size() - 1, std::string::npos, "-" + pid) == 0 &&
+        writing_here(e.path()))
+      return true;
+  }
+  return false;
+}
+
 void watch_stop(std::string folder, std::string resume_command, bool keeps_checkpoints) {
   std::thread([folder = std::move(folder), resume_command = std::move(resume_command), keeps_checkpoints] {
     while (!g_stop_requested.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::this_thread::sleep_for(std::chrono::seconds(kStopGraceSeconds));
+    // A checkpoint being written is the stop at work, however long it takes: wait for it,
+    // then give the run a moment to exit on its own.
+    if (keeps_checkpoints && saving_in(folder)) {
+      while (saving_in(folder)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(std::chrono::seconds(kStopGraceSeconds));
+    }
     std::string line = "mixtrain: the batch in flight did not end within " + std::to_string(kStopGraceSeconds) +
                        " s of the stop signal; exiting without a new checkpoint";
     if (keeps_checkpoints && folder.empty()) {
