@@ -36,6 +36,10 @@ inline void check_pickle(const char* data, size_t size) {
     TORCH_CHECK(nl, "damaged: its pickle ends inside a text argument");
     at = static_cast<size_t>(static_cast<const char*>(nl) - data) + 1;
   };
+  const auto memo_index = [&] {  // a 4-byte memo index: at most one entry per byte of pickle
+    const uint64_t index = le(4);
+    TORCH_CHECK(index < size, "damaged: its pickle names memo entry ", index, " in ", size, " bytes");
+  };
   // The unpickler's stack, by depth, and its marks.
   size_t depth = 0;
   std::vector<size_t> marks;
@@ -76,20 +80,10 @@ inline void check_pickle(const char* data, size_t size) {
       // table (a 4-byte one could ask for 4G entries): a pickle puts at most one per opcode.
       case 'h': take(0, 1); need(1); break;
       case 'g': take(0, 1); line(); break;
-      case 'j': {
-        take(0, 1);
-        const uint64_t index = le(4);
-        TORCH_CHECK(index < size, "damaged: its pickle names memo entry ", index, " in ", size, " bytes");
-        break;
-      }
+      case 'j': take(0, 1); memo_index(); break;
       case 'q': take(1, 1); need(1); break;
       case 'p': take(1, 1); line(); break;
-      case 'r': {
-        take(1, 1);
-        const uint64_t index = le(4);
-        TORCH_CHECK(index < size, "damaged: its pickle names memo entry ", index, " in ", size, " bytes");
-        break;
-      }
+      case 'r': take(1, 1); memo_index(); break;
       case 0x94: take(1, 1); break;  // MEMOIZE
       // Take values, push one.
       case 'Q': take(1, 1); break;                        // BINPERSID
