@@ -122,8 +122,8 @@ std::optional<Recorded> recorded_run(const std::string& checkpoint) {
 }
 
 /// A resume reads the files its checkpoints were trained on.
-void check_same_inputs(const std::map<std::string, std::string>& trained, const RunConfig& now, const std::string& folder) {
-  const auto current = input_fingerprints(now);
+void check_same_inputs(const std::map<std::string, std::string>& trained, const std::map<std::string, std::string>& current,
+                       const RunConfig& now, const std::string& folder) {
   for (const auto& [key, fingerprint] : trained) {
     const auto it = current.find(key);
     const std::string path = key == "data" ? now.data : now.model;
@@ -276,6 +276,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   const bool writer = env.rank == 0;
 
   if (a.resume.empty()) resolve_input_paths(a.config);
+  const auto inputs = input_fingerprints(r);  // read once: checked on a resume, recorded in every checkpoint
   const auto split = load_split(a, env.world_size);  // data problems are reported before the run folder is created
   std::string checkpoint;
   std::optional<Recorded> trained;  // what the checkpoint resumed from was trained with
@@ -301,7 +302,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
     }
     if (trained) {
       check_same_run(trained->config, r, a.out);
-      check_same_inputs(trained->inputs, r, a.out);
+      check_same_inputs(trained->inputs, inputs, r, a.out);
     }
   }
   // The model, its fit to the data and the precision (fp32 islands name its modules)
@@ -338,7 +339,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   if (checkpoint.empty() || trained) {
     RunConfig recorded = r;
     recorded.ranks = env.world_size;
-    learn.add_cb(std::make_shared<RunRecord>(recorded.to_json(), input_fingerprints(r)));
+    learn.add_cb(std::make_shared<RunRecord>(recorded.to_json(), inputs));
   }
   // Testing aids act on the last rank only: the others must learn of it through the group.
   const bool last_rank = env.rank == env.world_size - 1;
