@@ -12,10 +12,14 @@ FUZZ_SECONDS ?= 120
 CTEST_JOBS ?= 2
 CI_FUZZ_SECONDS ?= 30
 
-.PHONY: setup configure build demo check test sanitize-configure sanitize fuzz bench install clean
+.PHONY: setup configure build demo check test sanitize-configure sanitize fuzz cuda-check bench install clean
+
+# make demo installs what the demo needs; the test targets ask for their tools too.
+SETUP_ARGS ?=
+check test sanitize-configure sanitize fuzz: SETUP_ARGS = --test
 
 setup:
-	bash scripts/setup.sh
+	bash scripts/setup.sh $(SETUP_ARGS)
 
 configure: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -50,8 +54,14 @@ fuzz: sanitize-configure
 	cmake --build $(SAN_BUILD) -j $(JOBS) --target idx_fuzz checkpoint_fuzz tensor_file_fuzz scripted_model_fuzz
 	bash scripts/fuzz.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
+# The CUDA compile check: library, CLI, tests and gpu_bench built against torch 2.14.1+cu130
+# (pip, in .venv-cuda) with the installed CUDA toolkit; compile and link only (no GPU here).
+# CI runs it after make test (.ci/run); see README "Supported torch versions".
+cuda-check:
+	bash scripts/cuda-check.sh build-cuda
+
 bench: build
 	bash bench/run_all.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) build-cuda

@@ -1,7 +1,7 @@
 """Writes the default CNN (mixtrain::models::simple_cnn) as a TorchScript file,
 for bench/model_bench.sh's scripted-vs-native comparison.
 
-    /usr/bin/python3 bench/export_cnn.py OUT.pt
+    .venv/bin/python bench/export_cnn.py OUT.pt
 """
 import sys
 

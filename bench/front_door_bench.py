@@ -4,7 +4,7 @@ same data as a torch.save file): the same C++ underneath, so the goal is a
 Python cost within 5% of the CLI's. Rounds are interleaved (this machine is
 noisy); the medians are compared.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/front_door_bench.py build/tools/mixtrain/mixtrain [ROUNDS]
+    PYTHONPATH=build/python .venv/bin/python bench/front_door_bench.py build/tools/mixtrain/mixtrain [ROUNDS]
 """
 import os
 import statistics

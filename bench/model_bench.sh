@@ -6,22 +6,24 @@
 #      (OpenMP and OpenBLAS both on every core) and with mixtrain's split (OpenBLAS 2, OpenMP 1).
 # Usage: bench/model_bench.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
+# The Python whose torch the build uses (the peers run the same torch).
+py=${MIXTRAIN_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 build=${1:-build}
 rounds=${2:-5}
 bench=$build/bench/model_step_bench
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-/usr/bin/python3 bench/export_cnn.py "$tmp/cnn.pt"
+"$py" bench/export_cnn.py "$tmp/cnn.pt"
 threads=$(nproc)
 for r in $(seq 1 "$rounds"); do
   "$bench" cnn 30 256 | awk '{print $NF}' >>"$tmp/native"
   "$bench" "$tmp/cnn.pt" 30 256 | awk '{print $NF}' >>"$tmp/scripted"
   "$bench" transformer 10 64 | awk '{print $NF}' >>"$tmp/mixtrain_lm"
-  /usr/bin/python3 bench/python_transformer.py 10 64 "$threads" | awk '{print $NF}' >>"$tmp/python_default"
-  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=$threads /usr/bin/python3 bench/python_transformer.py 10 64 1 |
+  "$py" bench/python_transformer.py 10 64 "$threads" | awk '{print $NF}' >>"$tmp/python_default"
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=$threads "$py" bench/python_transformer.py 10 64 1 |
     awk '{print $NF}' >>"$tmp/python_split"
 done
-/usr/bin/python3 - "$tmp" <<'PY'
+"$py" - "$tmp" <<'PY'
 import statistics, sys
 d = sys.argv[1]
 m = {k: statistics.median(float(x) for x in open(f"{d}/{k}")) for k in

@@ -1,6 +1,6 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Baseline (a): the same training as `mixtrain train` in plain PyTorch-Python
-(Debian's python3-torch 1.13, run with /usr/bin/python3 at its default threads):
+(the build's torch, run with .venv/bin/python at its default threads):
 same model, data, normalization, AdamW hyper-parameters, fastai's one-cycle
 formula per step, batch size and epoch. Prints one JSON line like raw_loop."""
 import gzip, json, math, sys, time

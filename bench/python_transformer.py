@@ -2,7 +2,7 @@
 in PyTorch-Python, for bench/model_bench.sh: the same architecture, sizes,
 initialization scheme, AdamW settings and batch shapes, on the same threads.
 
-    /usr/bin/python3 bench/python_transformer.py STEPS BATCH THREADS
+    .venv/bin/python bench/python_transformer.py STEPS BATCH THREADS
 prints "python_step_ms X".
 """
 import sys

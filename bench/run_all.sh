@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every benchmark in bench/. Usage: bench/run_all.sh [BUILD_DIR]
 set -euo pipefail
+# The Python whose torch the build uses (the peers run the same torch).
+py=${MIXTRAIN_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 cd "$(dirname "$0")/.."
 build=${1:-build}
 echo "== train_bench: 1 epoch, mixtrain vs Python loop vs raw libtorch loop"
@@ -20,4 +22,4 @@ echo "== checkpoint_bench: save/load time against size"
 echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce share of a step"
 bash bench/distributed_bench.sh "$build" 3
 echo "== front_door_bench: mixtrain.doctor from Python vs mixtrain doctor (CLI), same model and data"
-PYTHONPATH="$build/python" /usr/bin/python3 bench/front_door_bench.py "$build/tools/mixtrain/mixtrain" 3
+PYTHONPATH="$build/python" "$py" bench/front_door_bench.py "$build/tools/mixtrain/mixtrain" 3

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes the scripted_model fuzz target's seeds (real TorchScript files) and the
 hostile tester's crafted model: l1.weight's storage record cut from 2560 bytes to
 100, every CRC valid (libtorch sized the storage by the pickle's claim and read and
@@ -7,7 +7,7 @@ same cut in a zip whose records are all deflated (torch deflates code records, n
 storage records: those would be inflated into buffers the storage check cannot see, so
 such a file is refused).
 
-  /usr/bin/python3 fuzz/make_scripted_model_seeds.py   (from the repository root)
+  .venv/bin/python fuzz/make_scripted_model_seeds.py   (from the repository root)
 """
 import io
 import os

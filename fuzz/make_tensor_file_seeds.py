@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes the tensor_file fuzz target's seeds (real torch.save files) and the
 crafted files of the hostile test: x claims 300 (or 2,000,000) rows over a
 storage of 100. The tests read them from fuzz/regressions/tensor_file/.
 
-  /usr/bin/python3 fuzz/make_tensor_file_seeds.py   (from the repository root)
+  .venv/bin/python fuzz/make_tensor_file_seeds.py   (from the repository root)
 """
 import io
 import zipfile

@@ -89,7 +89,7 @@ PY
   run_step bench_cpp 240 build-gpu/bench/gpu_bench --device cuda --steps 30 --warmup 5 --json "$OUT/cpp.jsonl"
   run_step bench_python 240 $py bench/gpu_python_bench.py --device cuda --steps 30 --warmup 5 --json "$OUT/py.jsonl"
 else
-  py=/usr/bin/python3
+  py=${MIXTRAIN_GPU_CHECK_PYTHON:-python3}
   build=${MIXTRAIN_GPU_CHECK_BUILD:?set MIXTRAIN_GPU_CHECK_BUILD to a build directory}
   small=(--device cpu --tiny --precisions fp32,bf16 --steps 2 --warmup 1)
   run_step bench_cpp 240 "$build/bench/gpu_bench" "${small[@]}" --json "$OUT/cpp.jsonl"

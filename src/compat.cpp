@@ -1,4 +1,4 @@
-// The compat seam: every difference between libtorch 1.13 and 2.x lives here.
+// The compat seam: what differs between torch builds and versions lives here.
 #include "mixtrain/compat.h"
 
 #include <ATen/autocast_mode.h>
@@ -11,20 +11,14 @@
 
 #include <ATen/ATen.h>
 
-#include <cmath>
 #include <cstdlib>
 #include <fstream>
-#include <limits>
-#include <sstream>
 #include <string>
-#include <type_traits>
 
-// libtorch 2.4 replaced the per-device functions (set_enabled, set_cpu_enabled,
-// set_autocast_gpu_dtype, ...) with ones taking a DeviceType.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-#define MIXTRAIN_AUTOCAST_DEVICE_API 1
-#else
-#define MIXTRAIN_AUTOCAST_DEVICE_API 0
+// The oldest torch mixtrain builds against: 2.4 gave autocast its per-DeviceType
+// functions. (Tested: 2.13 on the CPU, 2.14 compiled with CUDA; README.)
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4)
+#error "mixtrain needs torch 2.4 or newer (scripts/setup.sh installs torch 2.13)"
 #endif
 
 namespace mixtrain::compat {
@@ -38,45 +32,22 @@ void check_device(c10::DeviceType device) {
 
 bool is_autocast_enabled(c10::DeviceType device) {
   check_device(device);
-#if MIXTRAIN_AUTOCAST_DEVICE_API
   return at::autocast::is_autocast_enabled(device);
-#else
-  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
-#endif
 }
 
 void set_autocast_enabled(c10::DeviceType device, bool enabled) {
   check_device(device);
-#if MIXTRAIN_AUTOCAST_DEVICE_API
   at::autocast::set_autocast_enabled(device, enabled);
-#else
-  if (device == c10::DeviceType::CPU)
-    at::autocast::set_cpu_enabled(enabled);
-  else
-    at::autocast::set_enabled(enabled);
-#endif
 }
 
 c10::ScalarType get_autocast_dtype(c10::DeviceType device) {
   check_device(device);
-#if MIXTRAIN_AUTOCAST_DEVICE_API
   return at::autocast::get_autocast_dtype(device);
-#else
-  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
-                                        : at::autocast::get_autocast_gpu_dtype();
-#endif
 }
 
 void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
   check_device(device);
-#if MIXTRAIN_AUTOCAST_DEVICE_API
   at::autocast::set_autocast_dtype(device, dtype);
-#else
-  if (device == c10::DeviceType::CPU)
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  else
-    at::autocast::set_autocast_gpu_dtype(dtype);
-#endif
 }
 
 int increment_nesting() { return at::autocast::increment_nesting(); }
@@ -109,37 +80,9 @@ bool cpu_has_native_bf16() {
   return false;
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-#else
-  const int64_t t = q.size(-2);
-  const at::Tensor future = at::ones({t, t}, q.options().dtype(at::kBool)).triu(1);
-  const at::Tensor logits = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  return at::matmul(at::softmax(logits.masked_fill(future, -std::numeric_limits<double>::infinity()), -1), v);
-#endif
-}
-
-namespace {
-/// The key libtorch's optimizer state map uses for a parameter: its TensorImpl as
-/// text (1.13's c10::guts::to_string) or as a pointer. A template, so that only the
-/// branch of this libtorch's key type is compiled.
-template <typename Key>
-Key state_key(const at::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream text;
-    text << p.unsafeGetTensorImpl();
-    return text.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-} // namespace
-
 torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
   auto& state = optimizer.state();
-  using Key = typename std::decay_t<decltype(state)>::key_type;
-  const auto it = state.find(state_key<Key>(p));
+  const auto it = state.find(p.unsafeGetTensorImpl());
   return it == state.end() ? nullptr : it->second.get();
 }
 

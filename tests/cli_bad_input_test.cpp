@@ -41,7 +41,7 @@ TEST(CliBadInputTest, ATensorClaimingMoreRowsThanItsStorageIsRefusedNotRead) {
     const auto r = run_cli("train --model " + file("mlp.pt") + " --data " MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file/" +
                            data + " --bs 32 --threads 1 --epochs 1 --out " + out);
     EXPECT_EQ(r.code, 2) << r.err;  // not 139
-    EXPECT_TRUE(contains(r.err, "tensor 'x' of shape [")) << r.err;
+    EXPECT_TRUE(contains(r.err, "is damaged: a tensor of shape [")) << r.err;  // torch 2.x refuses it while unpickling
     EXPECT_TRUE(contains(r.err, "bytes of data but the file holds 2800 for it")) << r.err;
     EXPECT_FALSE(fs::exists(out));
   }
@@ -337,7 +337,7 @@ TEST(CliBadInputTest, AModelOrCheckpointWhoseRecordIsShorterThanItsClaimIsRefuse
   for (const auto& e : fs::directory_iterator(out))
     if (e.path().filename().string().rfind("checkpoint-", 0) == 0) checkpoint = e.path().string();
   ASSERT_FALSE(checkpoint.empty());
-  ASSERT_EQ(std::system(("/usr/bin/python3 " MIXTRAIN_SOURCE_DIR "/tests/python/cut_record.py " + checkpoint + " " +
+  ASSERT_EQ(std::system((MIXTRAIN_PYTHON " " MIXTRAIN_SOURCE_DIR "/tests/python/cut_record.py " + checkpoint + " " +
                          checkpoint + " 280 100").c_str()),
             0);  // fc.weight: 10 x 7 floats
   const auto resumed = run_cli("train --resume " + out);

@@ -72,20 +72,22 @@ inline std::map<std::string, torch::Tensor> model_tensors(const std::string& pat
 }
 
 /// The folder the Python script tests/python/SCRIPT writes its models and data
-/// files into, run once per process (one folder per process: ctest runs tests in
-/// parallel processes, and scratch_dir empties its folder). python3-torch is
-/// installed by scripts/setup.sh; without it every test that needs the files fails, not skips.
-inline const std::string& exported_by(const std::string& script) {
+/// files into, run once per process by `python` (one folder per process: ctest runs
+/// tests in parallel processes, and scratch_dir empties its folder). The build's
+/// Python has torch (scripts/setup.sh); without it every test that needs the files
+/// fails, not skips.
+inline const std::string& exported_by(const std::string& script, const std::string& python = MIXTRAIN_PYTHON) {
   static std::mutex mutex;
   static std::map<std::string, std::string> done;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (!python_torch_available()) ADD_FAILURE() << kNoPythonTorch;
+  const bool can_run = python != MIXTRAIN_PYTHON || python_torch_available();
+  if (!can_run) ADD_FAILURE() << kNoPythonTorch;
   const auto hit = done.find(script);
   if (hit != done.end()) return hit->second;
   const std::string dir = scratch_dir(script.substr(0, script.rfind('.')) + "_" + std::to_string(::getpid()));
-  if (python_torch_available()) {
-    const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) + "/tests/python/" + script + " " + dir +
-                            " > " + dir + "/export.log 2>&1";
+  if (can_run) {
+    const std::string cmd = python + " " + MIXTRAIN_SOURCE_DIR + "/tests/python/" + script + " " + dir + " > " + dir +
+                            "/export.log 2>&1";
     if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "running " << script << " failed: " << slurp(dir + "/export.log");
   }
   return done[script] = dir;

@@ -117,8 +117,8 @@ TEST(IdxReaderTest, OnlyRegularFilesAreRead) {
 }
 
 // The hostile tester's files: a tensor whose sizes claim more than the file's
-// storage holds for it. libtorch 1.13's unpickler builds it anyway; the first op
-// that touched it read out of bounds (a segfault). And every input the
+// storage holds for it. libtorch 1.13's unpickler built it anyway (the first op that
+// touched it read out of bounds: a segfault); torch 2.x's refuses it. Every input the
 // tensor_file fuzzer once found stays a clean error.
 TEST(TensorFileTest, ATensorReachingPastItsStorageIsRefused) {
   int seen = 0;
@@ -130,7 +130,7 @@ TEST(TensorFileTest, ATensorReachingPastItsStorageIsRefused) {
   }
   EXPECT_GE(seen, 1);
   EXPECT_THROW_WITH(data::load_tensor_file(MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file/rows-past-storage.pt"),
-                    "tensor 'x' of shape [300, 7] needs 8400 bytes of data but the file holds 2800 for it");
+                    "is damaged: a tensor of shape [300, 7] needs 8400 bytes of data but the file holds 2800 for it");
   // Stride 0 fits any storage, but 2^40 rows of it do not fit in memory: said, not a raw allocation error.
   EXPECT_THROW_WITH(data::load_tensor_file(MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file/stride-0-2e40-rows.pt"),
                     "'x' of shape [1099511627776, 7] is a view (strides [0, 1]) that needs 30786.3 GB as data, more than "

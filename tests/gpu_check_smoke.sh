@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # CPU-side test of the GPU check: gpu_bench's flags and JSON, the Python twin when
-# python3-torch is installed, and scripts/gpu-check.sh's merge into gpu.json.
-#   gpu_check_smoke.sh BUILD_DIR SOURCE_DIR SCRATCH
+# PYTHON imports torch, and scripts/gpu-check.sh's merge into gpu.json.
+#   gpu_check_smoke.sh BUILD_DIR SOURCE_DIR SCRATCH PYTHON
 set -euo pipefail
-build=$1 src=$2 scratch=$3
+build=$1 src=$2 scratch=$3 python=$4
 rm -rf "$scratch" && mkdir -p "$scratch"
 bench="$build/bench/gpu_bench"
 
@@ -18,10 +18,10 @@ for bad in "--steps 0" "--models vgg" "--precisions fp8" "--device tpu" "--bogus
   grep -q "^gpu_bench: error: " "$scratch/err" || { echo "gpu_bench $bad: bad message"; cat "$scratch/err"; exit 1; }
 done
 
-# The whole pipeline on CPU with tiny sizes (fp32 and bf16: CPU autocast has no fp16 in libtorch 1.13).
-OUT="$scratch/out-dir" MIXTRAIN_GPU_CHECK_BUILD="$build" \
+# The whole pipeline on CPU with tiny sizes (fp32 and bf16, as the GPU run's bf16 rows).
+OUT="$scratch/out-dir" MIXTRAIN_GPU_CHECK_BUILD="$build" MIXTRAIN_GPU_CHECK_PYTHON="$python" \
   bash "$src/scripts/gpu-check.sh" --cpu-smoke > "$scratch/check.log" 2>&1 || { cat "$scratch/check.log"; exit 1; }
-/usr/bin/python3 - "$scratch/out-dir/gpu.json" <<'PY'
+"$python" - "$scratch/out-dir/gpu.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["mode"] == "cpu-smoke", j["mode"]
@@ -33,7 +33,7 @@ for r in rows:
     assert r["host_scalar_reads_per_step"] >= 0, r
 assert "summary" in j and "goals" in j["summary"], j.keys()
 assert all(code == "0" for code in j["steps"].values()), j["steps"]
-if j["python"] is not None:  # python3-torch installed: the twin ran too
+if j["python"] is not None:  # PYTHON imports torch: the twin ran too
     assert {(r["model"], r["precision"]) for r in j["python"]} == {(r["model"], r["precision"]) for r in rows}, j["python"]
     assert all("error" not in r for r in j["python"]), j["python"]
     assert "cnn_fp32_cpp_over_python_step_time" in j["summary"]["values"], j["summary"]

@@ -258,30 +258,27 @@ TEST_F(GradScalerTest, StateDictRoundTripsThroughPythonsGradScaler) {
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(a.state_dict()));
   std::ofstream(dir + "/cpp.pt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 
-  // Without CUDA, Python's GradScaler disables itself at construction; the state
-  // logic is the same once enabled by hand. update() needs CUDA, but its op parses
-  // its arguments first: a float growth_interval is a TypeError there, an int reaches
-  // the missing CPU kernel (NotImplementedError).
+  // torch 2.x's GradScaler runs on the CPU ("cpu"): it loads our state, takes one real
+  // finite step with its own update(), and saves; we load what it wrote.
   const std::string script = dir + "/roundtrip.py";
+  // torch.load's default (weights_only, torch 2.6+) refuses the type tag libtorch's
+  // pickler writes on a typed dict (torch.jit._pickle.restore_type_tag): allowed by name.
   std::ofstream(script) << R"(import sys, torch
-d = torch.load(sys.argv[1])
+import torch.jit._pickle
+with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):
+    d = torch.load(sys.argv[1])
 assert type(d["growth_interval"]) is int and type(d["_growth_tracker"]) is int, d
 assert type(d["scale"]) is float, d
-s = torch.cuda.amp.GradScaler(enabled=False)
-s._enabled, s._scale, s._growth_tracker = True, None, None
+s = torch.amp.GradScaler("cpu")
 s.load_state_dict(d)
-try:
-    torch._amp_update_scale_(torch.ones(1), torch.zeros(1, dtype=torch.int32), torch.zeros(1),
-                             s._growth_factor, s._backoff_factor, s._growth_interval)
-except TypeError as e:
-    sys.exit("update() would fail on the loaded types: %s" % e)
-except (NotImplementedError, RuntimeError):
-    pass
-out = s.state_dict()
-out["_growth_tracker"] += 1  # Python's own change, to see it come back
-torch.save(out, sys.argv[2])
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+s.scale(model(torch.ones(1, 2)).sum()).backward()
+s.step(opt)
+s.update()  # Python's own change (one more finite step), to see it come back
+torch.save(s.state_dict(), sys.argv[2])
 )";
-  const std::string cmd = "/usr/bin/python3 " + script + " " + dir + "/cpp.pt " + dir + "/py.pt 2>&1";
+  const std::string cmd = std::string(MIXTRAIN_PYTHON) + " " + script + " " + dir + "/cpp.pt " + dir + "/py.pt 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 
   const std::string py = read_bytes(dir + "/py.pt");

@@ -185,9 +185,9 @@ std::vector<torch::Tensor> opt_state(torch::optim::Optimizer& opt, size_t n) {
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < n; ++i)
     for (const auto& p : opt.param_groups()[i].params()) {
-      auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-      if (it == opt.state().end()) continue;
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      auto* state = mixtrain::compat::optimizer_state_of(opt, p);
+      if (state == nullptr) continue;
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*state);
       out.push_back(s.exp_avg().clone());
       out.push_back(s.exp_avg_sq().clone());
       out.push_back(torch::tensor(s.step()));

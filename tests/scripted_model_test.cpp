@@ -223,7 +223,7 @@ TEST(TensorFileTest, WithoutValidationDataASeededFifthIsKeptAside) {
 TEST(TensorFileTest, BadFilesAreOneLineErrors) {
   EXPECT_THROW_WITH(data::load_tensor_file(file("short_y.pt")), "x has 768 samples but y has 100");
   EXPECT_THROW_WITH(data::load_tensor_file(file("y_not_tensor.pt")), "'y' is a list, not a tensor");
-  EXPECT_THROW_WITH(data::load_tensor_file(file("no_y.pt")), "it needs a dict with 'x' and 'y'");
+  EXPECT_THROW_WITH(data::load_tensor_file(file("no_y.pt")), "has no 'y' (it needs 'x' and 'y'");
   EXPECT_THROW_WITH(data::load_tensor_file(file("traced_conv.pt")), "is not a file written by torch.save");
   EXPECT_THROW_WITH(data::load_tensor_file(file("nothere.pt")), "Cannot open data file");
 }
@@ -287,7 +287,7 @@ TEST(ScriptedCliTest, TwoInputsTrainInEmulatedFp16AndPythonReadsTheSameAccuracy)
   const double trained = number_after(r.out, "valid accuracy ");
   EXPECT_GT(trained, 0.7);
   // Python's torch.jit.load reads OUT/model.pt; it and mixtrain's predict agree exactly (both fp32).
-  const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) + "/tests/python/eval_model.py " +
+  const std::string cmd = std::string(MIXTRAIN_PYTHON " ") + MIXTRAIN_SOURCE_DIR + "/tests/python/eval_model.py " +
                           out + "/model.pt " + file("two_inputs_data.pt") + " > " + out + "/py.txt 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << test::slurp(out + "/py.txt");
   const double python = number_after(test::slurp(out + "/py.txt"), "accuracy ");
@@ -298,13 +298,17 @@ TEST(ScriptedCliTest, TwoInputsTrainInEmulatedFp16AndPythonReadsTheSameAccuracy)
   EXPECT_NEAR(python, trained, 3.0 / 256);
 }
 
+// torchvision's models come from .venv-cuda (torch 2.14.1 with torchvision 0.29.1), which
+// `make test` makes: the TorchScript file it writes loads in the torch we build against.
 TEST(ScriptedCliTest, RealCpuBf16TrainsAndValidatesTorchvisionsViT) {
-  if (!compat::cpu_has_native_bf16()) GTEST_SKIP() << "no bf16 units: bf16 is emulated on this CPU";
-  if (!std::filesystem::exists(file("torchvision_vit.pt"))) GTEST_SKIP() << "python3-torchvision is not installed";
+  const std::string torchvision_python = MIXTRAIN_TORCHVISION_PYTHON;
+  if (torchvision_python.empty()) GTEST_SKIP() << "no .venv-cuda (scripts/setup.sh --cuda) when the build was configured";
+  const std::string dir = test::exported_by("export_torchvision.py", torchvision_python);
   const std::string out = test::scratch_dir("byo_vit_bf16");
-  // Validation runs nn.MultiheadAttention's fused kernel, which libtorch 1.13's CPU autocast has no rule for.
-  const auto r = run_cli("train --model " + file("torchvision_vit.pt") + " --data " + file("images32_data.pt") +
-                         " --precision bf16 --epochs 1 --bs 32 --threads 1 --force --out " + out);
+  // Validation runs nn.MultiheadAttention's fused kernel under real CPU bf16 autocast (forced on any CPU).
+  const auto r = run_cli("train --model " + dir + "/torchvision_vit.pt --data " + dir +
+                             "/images32_data.pt --precision bf16 --epochs 1 --bs 32 --threads 1 --force --out " + out,
+                         "MIXTRAIN_CPU_BF16=1 ");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err.find("emulated"), std::string::npos) << r.err;  // real bf16, no fallback
   const auto summary = nlohmann::json::parse(test::slurp(out + "/summary.json"));
@@ -487,7 +491,7 @@ TEST(ScriptedCliTest, StructuredOutputsTrainOnTheChosenPrediction) {
 double plain_pytorch_accuracy(const std::string& model, const std::string& data, const std::string& loss,
                               const std::string& name) {
   const std::string log = test::scratch_dir(name) + "/plain.txt";
-  const std::string cmd = "/usr/bin/python3 " + std::string(MIXTRAIN_SOURCE_DIR) + "/tests/python/plain_loop.py " +
+  const std::string cmd = std::string(MIXTRAIN_PYTHON " ") + MIXTRAIN_SOURCE_DIR + "/tests/python/plain_loop.py " +
                           model + " " + data + " 3 32 1e-2 " + loss + " > " + log + " 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << test::slurp(log);
   return number_after(test::slurp(log), "accuracy ");
@@ -581,7 +585,7 @@ TEST(ScriptedCliTest, BadModelsAndDataAreOneLineErrors) {
     return "train --model " + file(model) + " --data " + file(data) + more + out;
   };
   expect_usage_error(train("state_dict.pt", "stripes_data.pt"), "state_dict.pt is not a TorchScript file");
-  expect_usage_error(train("scripted_conv.pt", "no_y.pt"), "it needs a dict with 'x' and 'y'");
+  expect_usage_error(train("scripted_conv.pt", "no_y.pt"), "has no 'y' (it needs 'x' and 'y'");
   expect_usage_error(train("scripted_conv.pt", "short_y.pt"), "x has 768 samples but y has 100");
   expect_usage_error(train("scripted_conv.pt", "y_not_tensor.pt"), "'y' is a list, not a tensor");
   expect_usage_error(train("two_inputs.pt", "stripes_data.pt"), "forward takes 2 inputs (x, mask) but the data has 1");

@@ -45,14 +45,14 @@ inline bool contains(const std::vector<mixtrain::Phrase>& v, const std::string& 
   return false;
 }
 
-/// Whether Debian's python3-torch is importable by /usr/bin/python3.
+/// Whether torch is importable by the Python the build was configured with (MIXTRAIN_PYTHON).
 inline bool python_torch_available() {
-  static const bool available = std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") == 0;
+  static const bool available = std::system(MIXTRAIN_PYTHON " -c 'import torch' > /dev/null 2>&1") == 0;
   return available;
 }
 /// The message every test that needs python3-torch fails with when it is missing.
 constexpr const char* kNoPythonTorch =
-    "python3-torch is not installed: these tests export models with it; run scripts/setup.sh (make test does)";
+    "the build's Python (MIXTRAIN_PYTHON) cannot import torch: these tests export models with it; run scripts/setup.sh (make test does)";
 
 /// Fixes torch's global seed and one thread, so every test is deterministic.
 class SeededTest : public ::testing::Test {

@@ -1,7 +1,8 @@
 #pragma once
-/// The one seam where libtorch 1.13 and 2.x differ (implemented in src/compat.cpp,
-/// the only place that reads TORCH_VERSION_*): autocast state, CUDA and CPU
-/// capabilities, and attention. Everything else in mixtrain is version-independent.
+/// The one seam where torch builds and versions differ (implemented in src/compat.cpp,
+/// the only place that reads TORCH_VERSION_*; it refuses torch older than 2.4):
+/// autocast state, CUDA and CPU capabilities, the optimizer's state map, logging.
+/// Everything else in mixtrain is version-independent.
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -27,16 +28,11 @@ void set_autocast_cache_enabled(bool enabled);
 /// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX). The
 /// environment variable MIXTRAIN_CPU_BF16=0 (or 1) overrides what /proc/cpuinfo says.
 bool cpu_has_native_bf16();
-/// Causal self-attention softmax(q k^T / sqrt(d) + causal mask) v over [B, H, T, d]
-/// tensors: torch 2.x's fused scaled_dot_product_attention where libtorch has it,
-/// the explicit matmul / masked_fill / softmax / matmul on 1.13.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 /// The optimizer's state for parameter `p`, or nullptr before its first step.
-/// (libtorch keys the state by the parameter's TensorImpl, as text in 1.13.)
 torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p);
 /// Sets the lowest severity libtorch's own log lines print (0 info, 1 warning,
 /// 2 error, 3 fatal) and returns the previous one: glog's minloglevel where
-/// libtorch logs through glog (Debian's 1.13), c10's caffe2_log_level elsewhere.
+/// libtorch was built to log through glog, c10's caffe2_log_level otherwise.
 int set_torch_min_log_level(int level);
 
 } // namespace mixtrain::compat

@@ -71,7 +71,9 @@ def _text(row, value):
     key, kind = row["key"], row["type"]
     if value is None:
         return None
-    bad = ValueError("invalid %s=%r: %s" % (key, value, {
+    # numpy 2 writes its scalars' repr as np.float64(32.5): the value is shown as Python's.
+    shown = value.item() if isinstance(value, numbers.Number) and hasattr(value, "item") else value
+    bad = ValueError("invalid %s=%r: %s" % (key, shown, {
         "switch": "True or False", "int": "an integer", "number": "a number", "text": "a string",
         "lrs": "a number, a list of numbers (one per parameter group) or slice(lo, hi)",
         "list": "a name or a list of names"}[kind]))
@@ -240,6 +242,22 @@ def _check_forward_takes_tensors(script):
                             "builds the %s" % (a.name, kind, kind))
 
 
+def _python_calls(module):
+    """The Python functions a TorchScript module's graph calls (prim::PythonOp), sorted."""
+    return sorted({n.pyname() for n in module.inlined_graph.nodes() if n.kind() == "prim::PythonOp"})
+
+
+class _quiet_torchscript(warnings.catch_warnings):
+    """torch 2.x deprecates torch.jit.script and trace with a DeprecationWarning on every
+    call. mixtrain calls them on the user's behalf (its C++ runs TorchScript), so the
+    warning is not the user's to act on: it is kept out of their warnings."""
+
+    def __enter__(self):
+        out = super().__enter__()
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit\.")
+        return out
+
+
 def _scripted(model, xs, y, loss):
     """The model's TorchScript form, its name, and how it was made."""
     if isinstance(model, torch.jit.ScriptModule):
@@ -248,33 +266,38 @@ def _scripted(model, xs, y, loss):
         raise ValueError("model must be a torch.nn.Module or a torch.jit.ScriptModule, not %s" % type(model).__name__)
     name = type(model).__name__
     try:
-        return torch.jit.script(model), name, "scripted with torch.jit.script"
+        with _quiet_torchscript():
+            script = torch.jit.script(model)
+        calls = _python_calls(script)  # torch 2.x scripts a Python call as a PythonOp, which cannot be saved
+        if not calls:
+            return script, name, "scripted with torch.jit.script"
+        why = "the scripted forward calls Python (%s)" % ", ".join(calls)
     except Exception as e:  # scripting has many ways to fail; tracing needs only one batch
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        example = tuple(t[:2] for t in xs) + ((y[:2],) if _native.loss_takes_targets(loss) else ())
-        was_training = model.training
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                traced = torch.jit.trace(model, example, check_trace=False)
-        except Exception as trace_error:
-            # Both failed: say why each did (a custom autograd.Function defeats both).
-            how = str(trace_error).strip().splitlines()
-            raise TypeError("the model cannot be turned into TorchScript: torch.jit.script failed (%s) and "
-                            "torch.jit.trace on the first two samples failed (%s)" % (
-                                why, how[0] if how else type(trace_error).__name__)) from None
-        finally:
-            model.train(was_training)
-        python_calls = sorted({n.pyname() for n in traced.inlined_graph.nodes() if n.kind() == "prim::PythonOp"})
-        if python_calls:
-            raise TypeError("the model's forward calls Python (%s, e.g. a custom torch.autograd.Function): TorchScript "
-                            "cannot hold it, so mixtrain cannot run it (torch.jit.script failed: %s; a trace keeps the "
-                            "call as Python, which cannot be saved). Write it with torch ops, or as a C++ custom op" % (
-                                ", ".join(python_calls), why))
-        how = ("traced on the first batch (torch.jit.script failed: %s); a traced model keeps the train/eval behaviour "
-               "it was traced in" % why)
-        print("mixtrain: notice: the model was %s" % how)
-        return traced, name, how
+    example = tuple(t[:2] for t in xs) + ((y[:2],) if _native.loss_takes_targets(loss) else ())
+    was_training = model.training
+    try:
+        with warnings.catch_warnings(), _quiet_torchscript():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            traced = torch.jit.trace(model, example, check_trace=False)
+    except Exception as trace_error:
+        # Both failed: say why each did (a custom autograd.Function defeats both).
+        how = str(trace_error).strip().splitlines()
+        raise TypeError("the model cannot be turned into TorchScript: torch.jit.script failed (%s) and "
+                        "torch.jit.trace on the first two samples failed (%s)" % (
+                            why, how[0] if how else type(trace_error).__name__)) from None
+    finally:
+        model.train(was_training)
+    python_calls = _python_calls(traced)
+    if python_calls:
+        raise TypeError("the model's forward calls Python (%s, e.g. a custom torch.autograd.Function): TorchScript "
+                        "cannot hold it, so mixtrain cannot run it (torch.jit.script failed: %s; a trace keeps the "
+                        "call as Python, which cannot be saved). Write it with torch ops, or as a C++ custom op" % (
+                            ", ".join(python_calls), why))
+    how = ("traced on the first batch (torch.jit.script failed: %s); a traced model keeps the train/eval behaviour "
+           "it was traced in" % why)
+    print("mixtrain: notice: the model was %s" % how)
+    return traced, name, how
 
 
 class _Run:

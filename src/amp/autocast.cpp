@@ -19,9 +19,10 @@ namespace {
 // They leave it only when torch.is_autocast_enabled() says so, and that reads CUDA's
 // flag alone, so under CPU autocast the fused kernel meets a bf16 activation and fp32
 // weights and fails ("expected scalar type BFloat16 but found Float"): validation of
-// torchvision's ViT under torch.autocast("cpu") fails in libtorch 1.13 (pytorch#106751,
+// torchvision's ViT under torch.autocast("cpu") failed that way (pytorch#106751,
 // pytorch#132613). torch 2.1 gave _native_multi_head_attention a CPU autocast rule that
-// runs it in the lower precision; this adds that rule for each of these kernels that
+// runs it in the lower precision; torch 2.13 still has none for
+// _transformer_encoder_layer_fwd. This adds that rule for each of these kernels that
 // this libtorch has no AutocastCPU kernel for (so never twice), wherever it is missing.
 
 /// The lower-precision policy, boxed (so one kernel serves any schema): every

@@ -147,18 +147,21 @@ std::vector<torch::Tensor> MasterWeights::state_tensors() const {
 
 ParamMemory MasterWeights::memory() const {
   ParamMemory m;
+  // A gradient is counted for every trained tensor whether or not it is allocated now:
+  // zero_grad() frees them between steps (torch 2.x's set_to_none), but each step holds
+  // them all at its peak (the model's half gradients, then the masters' fp32 ones).
   for (const auto& p : model_params_) {
     m.model += bytes(p);
-    m.grads += bytes(p.grad());
+    if (p.requires_grad()) m.grads += bytes(p);
   }
   for (const auto& g : groups_) {
     if (options_.flat_master()) {
       m.masters += bytes(g.flat);
-      m.grads += bytes(g.flat.grad());
+      m.grads += bytes(g.flat);
     } else {
       for (const auto& t : g.masters) {
         m.masters += bytes(t);
-        m.grads += bytes(t.grad());
+        m.grads += bytes(t);
       }
     }
   }

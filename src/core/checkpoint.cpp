@@ -229,7 +229,9 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
     ar.load_from([&](uint64_t pos, void* buf, size_t n) { return reader.read(pos, buf, n, "checkpoint"); },
                  [&] { return reader.size(); });
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what_without_backtrace()), ")");
+    const std::string why = first_line(e.what_without_backtrace());
+    const std::string past_storage = detail::storage_bounds_message(why);
+    TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", past_storage.empty() ? why : past_storage, ")");
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what()), ")");
   }

@@ -163,6 +163,8 @@ DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& path
   } catch (const c10::Error& e) {
     // libtorch's unpickler lacks some opcodes Python writes (a dict with one key uses SETITEM).
     const std::string why = detail::first_line(e.what());
+    const std::string past_storage = detail::storage_bounds_message(why);
+    TORCH_CHECK(past_storage.empty(), path, " is damaged: ", past_storage);
     TORCH_CHECK(why.find("Unknown opcode") == std::string::npos, path,
                 " cannot be read (", why, "); it needs a dict with 'x' and 'y' written by torch.save");
     TORCH_CHECK(false, path, " is not a file written by torch.save (", why, ")");

@@ -1,6 +1,5 @@
 #include "mixtrain/models/zoo.h"
 
-#include "mixtrain/compat.h"
 #include "mixtrain/models/module_scope.h"
 #include "mixtrain/models/scripted_model.h"
 
@@ -56,7 +55,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
   // [B, T, 3C] -> three [B, H, T, C/H]
   const auto parts = qkv(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
-  const torch::Tensor y = compat::causal_attention(parts[0], parts[1], parts[2]);
+  const torch::Tensor y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                            /*is_causal=*/true);
   return proj(y.transpose(1, 2).reshape({b, t, c}));
 }
 

@@ -5,8 +5,14 @@
 #include "util/first_line.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// NCCL for CUDA tensors, where torch was built with it (CMake defines USE_C10D_NCCL
+// when the torch found has CUDA and nccl.h is found; ProcessGroupNCCL.hpp is empty otherwise).
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "mixtrain/compat.h"
 
@@ -88,7 +94,30 @@ void via_supported_dtype(torch::Tensor& t, Collective&& collective) {
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+#ifdef USE_C10D_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // made on the first CUDA tensor
+#endif
+  std::chrono::milliseconds timeout{60000};
   int rank = 0, world = 1;
+
+  /// Gloo for CPU tensors; NCCL for CUDA tensors. Every rank meets its first CUDA
+  /// tensor in the same collective, so every rank makes the NCCL group at the same
+  /// point (its keys live under "nccl/" in the shared store, apart from Gloo's).
+  c10d::Backend& backend_for(const torch::Tensor& t) {
+    if (!t.is_cuda()) return *gloo;
+#ifdef USE_C10D_NCCL
+    if (!nccl) {
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout;
+      nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
+                                                         world, options);
+    }
+    return *nccl;
+#else
+    TORCH_CHECK(false, "this mixtrain was built against a torch without NCCL: data parallel on CUDA tensors needs "
+                       "a CUDA build of torch (CPU tensors use Gloo)");
+#endif
+  }
 
   void run(c10::intrusive_ptr<c10d::Work> work, const char* what) {
     try {
@@ -106,7 +135,7 @@ struct ProcessGroup::Impl {
     for (auto& t : tensors)
       via_supported_dtype(t, [&](torch::Tensor& x) {
         std::vector<torch::Tensor> one{x};
-        run(gloo->allreduce(one, o), "all-reduce");
+        run(backend_for(x).allreduce(one, o), "all-reduce");
       });
   }
 };
@@ -118,6 +147,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const Env& env, std::chrono:
   auto impl = std::make_unique<Impl>();
   impl->rank = env.rank;
   impl->world = env.world_size;
+  impl->timeout = timeout;
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env.master_port);
   store_options.isServer = env.rank == 0;
@@ -157,7 +187,7 @@ void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   for (auto& t : tensors)
     via_supported_dtype(t, [&](torch::Tensor& x) {
       std::vector<torch::Tensor> one{x};
-      impl_->run(impl_->gloo->broadcast(one, o), "broadcast");
+      impl_->run(impl_->backend_for(x).broadcast(one, o), "broadcast");
     });
 }
 

@@ -1,5 +1,7 @@
 #include "util/tensor_bounds.h"
 
+#include <regex>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
@@ -90,6 +92,16 @@ void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const
 void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name,
                               const std::unordered_map<const void*, size_t>* buffer_sizes, bool only_records) {
   walk(v, what, name, 0, buffer_sizes, only_records);
+}
+
+std::string storage_bounds_message(const std::string& torch_message) {
+  static const std::regex kTorchWords(
+      R"(Tensor: sizes ([0-9 ]*), strides [-0-9 ]*, storage offset [0-9]+ and itemsize [0-9]+ require a storage of at least ([0-9]+) bytes, but storage only has ([0-9]+) bytes)");
+  std::smatch m;
+  if (!std::regex_search(torch_message, m, kTorchWords)) return "";
+  const std::string shape = std::regex_replace(m[1].str(), std::regex(" "), ", ");
+  return "a tensor of shape [" + shape + "] needs " + m[2].str() + " bytes of data but the file holds " + m[3].str() +
+         " for it";
 }
 
 } // namespace mixtrain::detail

@@ -1,11 +1,12 @@
 #pragma once
 // Private: whether tensors read from a file stay inside their storage.
 //
-// libtorch 1.13's unpickler rebuilds a tensor from the sizes, strides and offset
-// the file states, without checking them against the storage the file holds
-// (Python's torch.load does). A file that claims 300 rows over a storage of 100
-// would then be read out of bounds by the first op that touches it. Every
-// tensor that comes from a file passes through here before anything reads it.
+// An unpickler that rebuilds a tensor from the sizes, strides and offset the file
+// states without checking them against the storage the file holds (libtorch 1.13's
+// did) leaves a tensor the first op reads out of bounds. torch 2.x's unpickler
+// refuses most such tensors itself; every tensor that comes from a file still
+// passes through here before anything reads it, and torch's refusal is said in
+// the same words (storage_bounds_message).
 
 #include <ATen/core/ivalue.h>
 
@@ -34,5 +35,12 @@ void check_tensor_in_storage(const at::Tensor& t, const std::string& what, const
 void check_tensors_in_storage(const c10::IValue& v, const std::string& what, const std::string& name = "",
                               const std::unordered_map<const void*, size_t>* buffer_sizes = nullptr,
                               bool only_records = true);
+
+/// torch 2.x's own refusal while unpickling ("Tensor: sizes 300 7, strides 7 1, storage
+/// offset 0 and itemsize 4 require a storage of at least 8400 bytes, but storage only
+/// has 2800 bytes"), said as check_tensor_in_storage says it ("a tensor of shape
+/// [300, 7] needs 8400 bytes of data but the file holds 2800 for it"); "" for any
+/// other message.
+std::string storage_bounds_message(const std::string& torch_message);
 
 } // namespace mixtrain::detail

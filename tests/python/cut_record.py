@@ -2,7 +2,7 @@
 archive inside a mixtrain checkpoint) short, keeping every CRC valid: the hostile
 tester's edit that made libtorch read and write past a storage.
 
-  /usr/bin/python3 tests/python/cut_record.py IN OUT RECORD_BYTES KEEP_BYTES
+  .venv/bin/python tests/python/cut_record.py IN OUT RECORD_BYTES KEEP_BYTES
 
 The first record under a data/ directory that holds exactly RECORD_BYTES bytes
 keeps its first KEEP_BYTES. A mixtrain checkpoint (its 24-byte header first) gets

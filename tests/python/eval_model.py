@@ -1,7 +1,7 @@
 """Loads a model mixtrain wrote (OUT/model.pt) with torch.jit.load and prints its
 accuracy on a data file's validation set: proof that Python reads what mixtrain trains.
 
-    /usr/bin/python3 tests/python/eval_model.py MODEL.pt DATA.pt
+    .venv/bin/python tests/python/eval_model.py MODEL.pt DATA.pt
 """
 import sys
 

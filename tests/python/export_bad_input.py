@@ -1,5 +1,5 @@
 """The bad-input tests' files (tests/cli_bad_input_test.cpp): what a hostile tester, or an
-unlucky user, hands mixtrain. `/usr/bin/python3 tests/python/export_bad_input.py OUT_DIR`
+unlucky user, hands mixtrain. `.venv/bin/python tests/python/export_bad_input.py OUT_DIR`
 (Debian's python3-torch); seeded, so every run writes the same files.
 """
 import pathlib

@@ -1,7 +1,7 @@
 """Writes the TorchScript models and torch.save data files the bring-your-own-model
 tests use, the way a PyTorch user would. Run with Debian's python3-torch:
 
-    /usr/bin/python3 tests/python/export_models.py OUT_DIR
+    .venv/bin/python tests/python/export_models.py OUT_DIR
 
 Everything is seeded, so the files are the same on every run.
 """
@@ -298,8 +298,8 @@ torch.jit.script(overflow).save(path("dict_overflow.pt"))
 # The blobs with a validation set of their own, so a plain PyTorch loop sees the same split.
 torch.save({"x": blob_x[:768], "y": blob_y[:768], "valid_x": blob_x[768:], "valid_y": blob_y[768:]}, path("blobs_split.pt"))
 
-# ---- Real CPU bf16: torchvision's ViT (its attention takes a fused kernel in eval),
-# and a model that fills an fp32 buffer in place with an autocast (bf16) result, as
+# ---- Real CPU bf16 (torchvision's ViT: export_torchvision.py): a model that fills an
+# fp32 buffer in place with an autocast (bf16) result, as
 # message passing does: libtorch's CPU autocast cannot run it, torch.autocast neither.
 class ScatterSum(nn.Module):
     def __init__(self):
@@ -349,18 +349,4 @@ torch.jit.script(EmbeddingLstm()).save(path("embedding_lstm_overflow.pt"))
 tokens = torch.randint(0, 50, (512, 12), generator=torch.Generator().manual_seed(10))
 torch.save({"x": tokens[:384], "y": tokens[:384, -1] % 4, "valid_x": tokens[384:], "valid_y": tokens[384:, -1] % 4},
            path("tokens_data.pt"))
-try:
-    import torchvision
-except ImportError:  # the ViT test skips without it
-    torchvision = None
-if torchvision is not None:
-    torch.manual_seed(7)
-    vit_b = torchvision.models.VisionTransformer(image_size=32, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32,
-                                                 mlp_dim=64, num_classes=10)
-    torch.jit.script(vit_b).save(path("torchvision_vit.pt"))
-    g = torch.Generator().manual_seed(8)
-    images = torch.randn(256, 3, 32, 32, generator=g)
-    classes = torch.randint(0, 10, (256,), generator=g)
-    torch.save({"x": images[:192], "y": classes[:192], "valid_x": images[192:], "valid_y": classes[192:]},
-               path("images32_data.pt"))
 print("exported to", out)

@@ -2,7 +2,7 @@
 without mixtrain, and prints its validation accuracy: the bar mixtrain's fp16
 training of the same model on the same data must reach.
 
-    /usr/bin/python3 tests/python/plain_loop.py MODEL.pt DATA.pt EPOCHS BS LR [model|cross_entropy]
+    .venv/bin/python tests/python/plain_loop.py MODEL.pt DATA.pt EPOCHS BS LR [model|cross_entropy]
 
 DATA.pt has x, y, valid_x, valid_y. The optimizer and schedule are fastai's
 defaults as torch spells them: AdamW (betas 0.9/0.99, eps 1e-5, weight decay

@@ -54,7 +54,7 @@ struct TransformerOptions {
   TORCH_ARG(int64_t, layers) = 2;
 };
 
-/// Causal multi-head self-attention (q, k, v from one linear; compat::causal_attention).
+/// Causal multi-head self-attention (q, k, v from one linear; torch's fused scaled_dot_product_attention).
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   CausalSelfAttentionImpl(int64_t d_model, int64_t heads);

@@ -1,5 +1,6 @@
 #pragma once
-/// Process groups on torch's own c10d (Gloo for CPU tensors), set up from
+/// Process groups on torch's own c10d (Gloo for CPU tensors, NCCL for CUDA tensors
+/// where torch has it), set up from
 /// torchrun's environment variables, so torchrun, SLURM wrappers and mpirun
 /// exporting the same variables all work.
 
@@ -26,7 +27,7 @@ struct Env {
 /// c10::Error naming the variable when one is malformed or inconsistent.
 Env env_from_environment();
 
-/// A group of ranks that can broadcast and all-reduce CPU tensors.
+/// A group of ranks that can broadcast and all-reduce tensors (CPU: Gloo; CUDA: NCCL).
 class ProcessGroup {
  public:
   /// Rendezvous through a TCPStore on MASTER_ADDR:MASTER_PORT (rank 0 hosts it)
