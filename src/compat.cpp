@@ -86,6 +86,16 @@ torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& o
   return it == state.end() ? nullptr : it->second.get();
 }
 
+void move_optimizer_state(torch::optim::Optimizer& from, const at::Tensor& from_param, torch::optim::Optimizer& to,
+                          const at::Tensor& to_param) {
+  auto& state = from.state();
+  const auto it = state.find(from_param.unsafeGetTensorImpl());
+  if (it == state.end()) return;
+  auto moved = std::move(it->second);
+  state.erase(it);
+  to.state()[to_param.unsafeGetTensorImpl()] = std::move(moved);
+}
+
 int set_torch_min_log_level(int level) {
 #ifdef C10_USE_GLOG
   const int previous = FLAGS_minloglevel;

@@ -27,7 +27,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
   // Adding a field to RunConfig stops this line compiling until the field is
   // named here, probed below and given a row in the option table.
   [[maybe_unused]] auto& [data, model, loss, output, epochs, lr, bs, seed, limit, threads, thread_policy, precision,
-                          precision_options, clip, accum, wd_bn_bias, save_every, keep, max_bad_steps, comm_dtype, ranks,
+                          precision_options, clip, accum, wd_bn_bias, save_every, save_every_steps, keep, max_bad_steps, comm_dtype, ranks,
                           monitor, save_best, early_stop, split_at, freeze_to] = c;
   RunArgs args;
   const std::vector<FieldProbe> probes = {
@@ -57,6 +57,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
       {"accum", "2", [](const RunConfig& r) { return r.accum == 2; }},
       {"wd_bn_bias", "true", [](const RunConfig& r) { return r.wd_bn_bias; }},
       {"save_every", "1", [](const RunConfig& r) { return r.save_every == 1; }},
+      {"save_every_steps", "7", [](const RunConfig& r) { return r.save_every_steps == 7; }},
       {"keep_fp32", "conv_proj,encoder.layers.*.mlp",
        [](const RunConfig& r) { return r.precision_options.keep_fp32() == std::vector<std::string>{"conv_proj", "encoder.layers.*.mlp"}; }},
       {"keep", "2", [](const RunConfig& r) { return r.keep == 2; }},

@@ -30,6 +30,11 @@ void set_autocast_cache_enabled(bool enabled);
 bool cpu_has_native_bf16();
 /// The optimizer's state for parameter `p`, or nullptr before its first step.
 torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p);
+/// Moves the optimizer state of `from_param` in `from` to `to_param` in `to` (the same
+/// optimizer or a rebuilt one: master weights swap the tensors an optimizer steps); no-op
+/// before its first step. The state's tensors must fit `to_param` (the caller checks shapes).
+void move_optimizer_state(torch::optim::Optimizer& from, const at::Tensor& from_param, torch::optim::Optimizer& to,
+                          const at::Tensor& to_param);
 /// Sets the lowest severity libtorch's own log lines print (0 info, 1 warning,
 /// 2 error, 3 fatal) and returns the previous one: glog's minloglevel where
 /// libtorch was built to log through glog, c10's caffe2_log_level otherwise.

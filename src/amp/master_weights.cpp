@@ -1,5 +1,7 @@
 #include "mixtrain/amp/master_weights.h"
 
+#include "mixtrain/compat.h"
+
 #include "util/archive_util.h"
 #include "dispatch_mode.h"
 #include "mixtrain/amp/unscale.h"
@@ -53,6 +55,15 @@ std::unique_ptr<torch::optim::Optimizer> rebuilt_optimizer(Learner& learn,
   auto fresh = learn.options().opt_func()(all, get_lr(old));
   fresh->param_groups().clear();
   for (auto& g : new_groups) fresh->add_param_group(g);
+  // The state moves with the values (the masters take over the model's moments, and
+  // give them back on to_fp32): a run continued in another mode keeps its optimizer
+  // state. A flat master is one tensor for many: its state starts afresh.
+  for (size_t i = 0; i < groups.size() && i < old.param_groups().size(); ++i) {
+    const auto& before = old.param_groups()[i].params();
+    if (before.size() != groups[i].size()) continue;
+    for (size_t j = 0; j < before.size(); ++j)
+      if (before[j].sizes() == groups[i][j].sizes()) compat::move_optimizer_state(old, before[j], *fresh, groups[i][j]);
+  }
   return fresh;
 }
 

@@ -218,6 +218,12 @@ LostUpdates counts_from(const std::vector<double>& v, size_t at) {
 }
 } // namespace
 
+void PureBf16::restart_lost_updates() {
+  for (auto& p : params_) p.total = LostUpdates();
+  per_epoch_.clear();
+  epoch_now_ = LostUpdates();
+}
+
 void PureBf16::save_state(torch::serialize::OutputArchive& ar) const {
   MixedPrecision::save_state(ar);
   ar.write("rule", c10::IValue(weight_update_name(rule_)));

@@ -18,6 +18,7 @@ namespace mixtrain::callbacks {
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : options_(std::move(options)) {
   TORCH_CHECK(options_.every() >= 0, "Invalid checkpoint interval: ", options_.every(), " (must be >= 0)");
+  TORCH_CHECK(options_.every_steps() >= 0, "Invalid checkpoint step interval: ", options_.every_steps(), " (must be >= 0)");
   TORCH_CHECK(options_.keep() >= 0, "Invalid number of checkpoints to keep: ", options_.keep(), " (must be >= 0)");
   order = 90;
 }
@@ -92,7 +93,11 @@ std::string Checkpointer::save(Learner& learn) {
 void Checkpointer::after_batch(Learner& learn) {
   if (!learn.training()) return;
   if (options_.armed()) options_.armed()->store(true);
-  if (!options_.stop() || !options_.stop()->load()) return;
+  const bool stop = options_.stop() && options_.stop()->load();
+  if (!stop) {
+    if (options_.every_steps() > 0 && learn.train_iter() % options_.every_steps() == 0) save(learn);
+    return;
+  }
   save(learn);
   interrupted_ = true;
   throw CancelFitException();
@@ -100,6 +105,7 @@ void Checkpointer::after_batch(Learner& learn) {
 
 void Checkpointer::after_epoch(Learner& learn) {
   const bool last = learn.epoch() + 1 == learn.n_epoch();
+  // A step checkpoint of the epoch's last batch is replaced by this one, which holds the validation too.
   if (options_.every() > 0 && ((learn.epoch() + 1) % options_.every() == 0 || last)) save(learn);
 }
 

@@ -288,7 +288,11 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
     const std::string saved = keys.toStringRef(), here = joined_state_keys(cbs_);
     if (saved == here) return 0;
     // Name the callback that differs: "data_parallel" tells a user more than two lists.
-    const auto saved_keys = split_keys(saved), here_keys = split_keys(here);
+    auto saved_keys = split_keys(saved), here_keys = split_keys(here);
+    // The entries are found by key: the same callbacks attached in another order load alike.
+    std::sort(saved_keys.begin(), saved_keys.end());
+    std::sort(here_keys.begin(), here_keys.end());
+    if (saved_keys == here_keys) return 0;
     for (const auto& k : saved_keys)
       TORCH_CHECK(std::find(here_keys.begin(), here_keys.end(), k) != here_keys.end(), "it holds state for callback '",
                   k, "', which this learner does not have");

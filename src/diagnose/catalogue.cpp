@@ -94,8 +94,9 @@ std::optional<Ruling> baseline_fails(RuleInput& in) {
   const RunEvidence* mixed = in.mixed;
   if (!base) return std::nullopt;
   const bool nonfinite = base->scale.nonfinite_losses > 0 || !std::isfinite(base->final_loss);
-  const bool loss_fell = std::isfinite(base->first_loss) && std::isfinite(base->final_loss) &&
-                         base->final_loss < base->first_loss;
+  // A window replayed late in a run may not move a converged baseline: no fault there.
+  const bool loss_fell = in.e.branched || (std::isfinite(base->first_loss) && std::isfinite(base->final_loss) &&
+                                           base->final_loss < base->first_loss);
   // A NaN validation loss means no validation ran (unknown), an inf one diverged.
   const bool valid_far_above = std::isfinite(base->first_loss) && base->valid_loss > kValidLossFarAbove * base->first_loss;
   double accuracy = std::numeric_limits<double>::quiet_NaN();

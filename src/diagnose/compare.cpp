@@ -50,10 +50,15 @@ double bytes_per_param(Learner& learn) {
   return static_cast<double>(weights + grads + state) / static_cast<double>(params);
 }
 
-RunEvidence summarize_run(Learner& learn, const std::string& precision) {
+namespace {
+/// What the Recorder's steps from `from` on say, and what the mode counted: the part
+/// a whole run and a replayed window share.
+RunEvidence summarize_steps(Learner& learn, size_t from, const std::string& precision) {
   RunEvidence r;
   r.precision = precision;
-  const auto& steps = learn.recorder().steps();
+  r.first_step = static_cast<int64_t>(from);
+  const auto& all = learn.recorder().steps();
+  const std::vector<StepRecord> steps(all.begin() + static_cast<std::ptrdiff_t>(std::min(from, all.size())), all.end());
   for (const auto& s : steps) {
     r.losses.push_back(s.loss);
     r.smooth_losses.push_back(s.smooth_loss);
@@ -63,12 +68,6 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
   }
   const size_t head = std::min<size_t>(5, r.losses.size());
   if (head > 0) r.first_loss = std::accumulate(r.losses.begin(), r.losses.begin() + head, 0.0) / head;
-  if (!learn.recorder().values().empty()) {
-    const EpochRecord& last = learn.recorder().values().back();
-    r.final_loss = last.train_loss;
-    r.valid_loss = last.valid_loss;
-    r.metrics = last.metrics;
-  }
   r.metric_names = learn.recorder().metric_names();
   const torch::Tensor& y = learn.dls().valid.dataset().y;
   if (y.defined() && y.dim() == 1 && !y.is_floating_point() && y.numel() > 0)
@@ -79,6 +78,18 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
     r.lost = pc->lost_updates();
   }
   r.bytes_per_param = bytes_per_param(learn);
+  return r;
+}
+} // namespace
+
+RunEvidence summarize_run(Learner& learn, const std::string& precision) {
+  RunEvidence r = summarize_steps(learn, 0, precision);
+  if (!learn.recorder().values().empty()) {
+    const EpochRecord& last = learn.recorder().values().back();
+    r.final_loss = last.train_loss;
+    r.valid_loss = last.valid_loss;
+    r.metrics = last.metrics;
+  }
   return r;
 }
 
@@ -98,36 +109,34 @@ data::Batch probe_batch(Learner& learn) {
   return data::Batch::head_of(learn.dls().train.dataset(), std::max<int64_t>(1, learn.dls().train.options().batch_size()));
 }
 
-/// The mixed run again with `c`'s settings, from the same initial weights, seed and
-/// data order, judged against the baseline by the verdict's rules (finite losses,
-/// skips, the gap; no traces: what the trial itself did decides). `next_overflow`
-/// receives the module where a trial's forward pass still overflows, if any.
-Trial run_trial(const LearnerFactory& make_learner, const CompareOptions& o, const std::vector<torch::Tensor>& initial,
-                const Evidence& measured, const Fix& c, std::string* next_overflow) {
+/// Runs the mixed run again as a trial's settings make it and returns what it measured;
+/// `next_overflow` (when given) receives the module where its forward pass still
+/// overflows, if any. From scratch: the same initial weights, seed and data order; from
+/// a branch: the same checkpoint and window.
+using TrialRunner = std::function<RunEvidence(const MixedRun& run, std::string* next_overflow)>;
+
+/// Where the forward pass of `learn` first overflows on the probe batch ("" when nowhere).
+std::string first_overflow_island(Learner& learn) {
+  const OverflowTrace trace = trace_overflow(learn, probe_batch(learn));
+  return trace.first_overflow ? trace.first_overflow->island() : std::string();
+}
+
+/// The mixed run again with `c`'s settings, judged against the baseline by the
+/// verdict's rules (finite losses, skips, the gap; no traces: what the trial itself did decides).
+Trial run_trial(const TrialRunner& runner, const CompareOptions& o, const Evidence& measured, const Fix& c,
+                std::string* next_overflow) {
   MixedRun t{o.precision(), o.precision_options(), 0};
   for (const auto& st : c.settings) o.apply_setting()(st, t);
   const auto start = std::chrono::steady_clock::now();
-  torch::manual_seed(o.seed());
-  std::unique_ptr<Learner> learn = make_learner();
-  {
-    const auto state = learn->model().state_tensors();
-    for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
-  }
-  learn->set_precision(t.precision, t.options);
-  if (t.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(t.clip));
-  if (next_overflow && t.precision == Precision::kFp16) {
-    const OverflowTrace trace = trace_overflow(*learn, probe_batch(*learn));
-    if (trace.first_overflow) *next_overflow = trace.first_overflow->island();
-  }
-  fit(*learn, o);
   Trial r;
   r.fix = c.fix;
   r.settings = c.settings;
-  r.run = summarize_run(*learn, precision_name(t.precision));
+  r.run = runner(t, t.precision == Precision::kFp16 ? next_overflow : nullptr);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Evidence e;
   e.fp32 = measured.fp32;
   e.mixed = r.run;
+  e.branched = measured.branched;
   r.finite = r.run.scale.nonfinite_losses == 0 && std::isfinite(r.run.final_loss);
   r.skipped = r.run.scale.skipped;
   r.gap_percent = e.gap_percent();
@@ -186,8 +195,7 @@ void report_progress(const Diagnosis& d, const CompareOptions& o) {
   o.on_progress()(now);
 }
 
-void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOptions& o,
-               const std::vector<torch::Tensor>& initial) {
+void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o) {
   const detail::TrialsFor trials = detail::entry(d.verdict).trials;
   if (o.max_trials() <= 0 || !o.apply_setting() || !trials) return;
   std::vector<Fix> queue = trials(d, o);
@@ -198,7 +206,7 @@ void try_fixes(Diagnosis& d, const LearnerFactory& make_learner, const CompareOp
     std::string next;
     std::cout << "doctor: trial " << d.trials.size() + 1 << ": " << c.fix.str() << std::endl;
     try {
-      d.trials.push_back(run_trial(make_learner, o, initial, d.evidence, c, island ? &next : nullptr));
+      d.trials.push_back(run_trial(runner, o, d.evidence, c, island ? &next : nullptr));
     } catch (const callbacks::StopRequested&) {  // the user's stop is not a failed trial
       throw;
     } catch (const std::exception& e) {  // a fix this model cannot take: the trial failed, and says why
@@ -304,12 +312,120 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   }
   Diagnosis d = decide(std::move(ev));
   report_progress(d, o);  // the verdict is kept before any trial can die or be stopped
-  try_fixes(d, make_learner, o, initial);
+  const TrialRunner from_scratch = [&](const MixedRun& t, std::string* next_overflow) {
+    torch::manual_seed(o.seed());
+    std::unique_ptr<Learner> learn = make_learner();
+    {
+      const auto state = learn->model().state_tensors();
+      for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
+    }
+    learn->set_precision(t.precision, t.options);
+    if (t.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(t.clip));
+    if (next_overflow) *next_overflow = first_overflow_island(*learn);
+    fit(*learn, o);
+    return summarize_run(*learn, precision_name(t.precision));
+  };
+  try_fixes(d, from_scratch, o);
   return d;
 }
 
 Diagnosis compare(const LearnerFactory& make_learner, int64_t epochs, double lr) {
   return compare(make_learner, CompareOptions().epochs(epochs).lr(lr));
+}
+
+namespace {
+
+/// Ends a fit after `n` training steps (after the Recorder and the Checkpointer saw the last).
+class StopAfterSteps : public Callback {
+ public:
+  explicit StopAfterSteps(int64_t n) : n_(n) { order = 100; }
+  std::string name() const override { return "StopAfterSteps"; }
+  void after_batch(Learner& learn) override {
+    if (learn.training() && ++done_ >= n_) throw CancelFitException();
+  }
+
+ private:
+  int64_t n_, done_ = 0;
+};
+
+/// torch's global generator as it was, put back at the end of the scope: a diagnostic
+/// pass (dropout) must not move the replay's random stream off the run's.
+class KeepGlobalRng {
+ public:
+  KeepGlobalRng() : state_(at::detail::getDefaultCPUGenerator().get_state()) {}
+  ~KeepGlobalRng() {
+    at::Generator global = at::detail::getDefaultCPUGenerator();
+    global.set_state(state_);
+  }
+
+ private:
+  torch::Tensor state_;
+};
+
+/// Trains the next `window` steps of the run's schedule from where `learn` stands (a
+/// restored checkpoint), then validates: the window's evidence.
+RunEvidence replay_window(Learner& learn, const CompareOptions& o, int64_t window, const std::string& precision) {
+  const size_t from = learn.recorder().steps().size();
+  if (auto pc = learn.precision_cb()) pc->restart_lost_updates();
+  std::vector<CallbackPtr> stop{std::make_shared<StopAfterSteps>(window)};
+  if (o.one_cycle())
+    learn.fit_one_cycle(o.epochs(), o.lr(), OneCycleOptions(), stop);
+  else
+    learn.fit(o.epochs(), o.lr(), stop);
+  RunEvidence r = summarize_steps(learn, from, precision);
+  const auto& steps = learn.recorder().steps();
+  if (steps.size() > from) r.final_loss = steps.back().smooth_loss;
+  const std::vector<double> v = learn.validate();  // the loss, then the metrics
+  if (!v.empty()) {
+    r.valid_loss = v[0];
+    r.metrics.assign(v.begin() + 1, v.end());
+  }
+  return r;
+}
+
+} // namespace
+
+Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o, int64_t window) {
+  TORCH_CHECK(o.precision() != Precision::kFp32, "diagnose::compare_branch: the run's precision must be a mixed one, got fp32");
+  if (window < kMinCompareSteps)
+    throw OptionError("window", "a window of " + std::to_string(window) + " step(s) is too short to judge; the comparison needs at least " +
+                                    std::to_string(kMinCompareSteps));
+  Evidence ev;
+  ev.branched = true;
+  const MixedRun own{o.precision(), o.precision_options(), 0};
+  {
+    std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
+    TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
+    ev.inputs = check_inputs(base->dls().train.dataset().x);
+    ev.fp32 = replay_window(*base, o, window, "fp32");
+  }
+  std::unique_ptr<Learner> mixed = at_branch(Arm::kRun, own);
+  TORCH_CHECK(mixed, "diagnose::compare_branch: the branch factory returned nothing");
+  const bool fp16 = compute_dtype(o.precision()) == torch::kHalf;
+  const data::Batch probe = probe_batch(*mixed);
+  if (fp16) {
+    const KeepGlobalRng keep;
+    ev.trace_start = trace_overflow(*mixed, probe);
+  }
+  ev.mixed = replay_window(*mixed, o, window, precision_name(o.precision()));
+  if (fp16) {
+    ev.trace_end = trace_overflow(*mixed, probe);
+    auto pc = mixed->precision_cb();
+    ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
+  }
+  mixed.reset();
+  Diagnosis d = decide(std::move(ev));
+  report_progress(d, o);
+  const TrialRunner from_branch = [&](const MixedRun& t, std::string* next_overflow) {
+    std::unique_ptr<Learner> learn = at_branch(Arm::kTrial, t);
+    if (next_overflow) {
+      const KeepGlobalRng keep;
+      *next_overflow = first_overflow_island(*learn);
+    }
+    return replay_window(*learn, o, window, precision_name(t.precision));
+  };
+  try_fixes(d, from_branch, o);
+  return d;
 }
 
 } // namespace mixtrain::diagnose

@@ -195,6 +195,20 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
   j["trials_status"] = trials_status;
   j["trials_stopped"] = trials_stopped.empty() ? nlohmann::json(nullptr) : nlohmann::json(trials_stopped);
   j["proven_fix"] = proven_fix ? trial_json(trials[*proven_fix]) : nlohmann::json(nullptr);
+  if (replay) {
+    const Replay& r = *replay;
+    j["replay"] = {{"from", r.from},
+                   {"checkpoint", r.checkpoint},
+                   {"step", r.step},
+                   {"window", r.window},
+                   {"matches_run", r.matches_run ? nlohmann::json(*r.matches_run) : nlohmann::json(nullptr)},
+                   {"first_difference", r.first_difference >= 0 ? nlohmann::json(r.first_difference) : nlohmann::json(nullptr)},
+                   {"difference", r.difference.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.difference)},
+                   {"not_compared", r.not_compared.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.not_compared)},
+                   {"seconds", r.seconds},
+                   {"notes", r.notes},
+                   {"run_record", r.record}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -206,6 +220,24 @@ std::string Trial::settings_in(const OptionWords& words) const {
 
 std::string Diagnosis::report(const OptionWords& words) const {
   std::ostringstream out;
+  if (replay) {
+    const Replay& r = *replay;
+    // A replay that is not the run comes first: the verdict below is about another run.
+    if (r.matches_run && !*r.matches_run)
+      out << "WARNING: the replay does not match the run from step " << r.first_difference << " (" << r.difference
+          << "): the verdict is about a different run than the one recorded\n";
+    if (!r.record.empty()) {
+      out << "the run's own record (" << r.from << "):\n";
+      for (const auto& line : r.record) out << "  - " << line << "\n";
+    }
+    out << "replayed from " << r.checkpoint << " (step " << r.step << "), " << r.window
+        << " steps in fp32 and in the run's precision, same batches and schedule; replay "
+        << (!r.matches_run ? "not checked against the run: " + r.not_compared
+            : *r.matches_run ? std::string("matches the run's steps.csv")
+                             : "differs from the run at step " + std::to_string(r.first_difference))
+        << "\n";
+    for (const auto& note : r.notes) out << "  note: " << note << "\n";
+  }
   out << "verdict: " << to_string(verdict) << "\n  " << headline << "\n";
   if (!findings.empty()) {
     out << "evidence:\n";
@@ -218,7 +250,8 @@ std::string Diagnosis::report(const OptionWords& words) const {
     for (size_t i = 0; i < fixes.size(); ++i) out << "  " << i + 1 << ". " << fixes[i].str(words) << "\n";
   }
   if (!trials.empty()) {
-    out << "trials (each the mixed run again with one fix, same weights, seed and data order):\n";
+    out << (replay ? "trials (each the window again with one fix, from the same checkpoint, on the same batches):\n"
+                   : "trials (each the mixed run again with one fix, same weights, seed and data order):\n");
     char line[512];
     std::snprintf(line, sizeof(line), "  %-44s %-8s %-8s %-9s %-12s %s\n", "fix", "finite", "skipped", "gap", "bytes/param",
                   "seconds");

@@ -1,4 +1,5 @@
 #include "mixtrain/run/commands.h"
+#include "mixtrain/run/branch.h"
 
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/util/atomic_file.h"
@@ -241,15 +242,13 @@ RunArgs resume_args(const std::string& folder_path, int threads) {
   return a;
 }
 
-namespace {
-std::mutex g_run_turn;
-
-/// What makes a run stop on request: the front end's poll, and for a run that keeps
-/// no checkpoints StopOnRequest (a training run's Checkpointer saves, then stops).
 void add_stop_callbacks(Learner& learn, const StopFlags& stop, bool keeps_checkpoints) {
   if (stop.poll && stop.requested) learn.add_cb(std::make_shared<callbacks::PollForStop>(stop.poll, stop.requested));
   if (stop.requested && !keeps_checkpoints) learn.add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
 }
+
+namespace {
+std::mutex g_run_turn;
 thread_local int g_turns_held = 0;  // this thread's nested turns
 } // namespace
 
@@ -329,6 +328,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   // Data-parallel ranks stop on the agreed request, at the same batch on every rank.
   auto checkpointer = std::make_shared<callbacks::Checkpointer>(callbacks::CheckpointerOptions(a.out)
                                                                     .every(r.save_every)
+                                                                    .every_steps(r.save_every_steps)
                                                                     .keep(r.keep)
                                                                     .stop(group ? stop.agreed : stop.requested)
                                                                     .armed(stop.armed)
@@ -412,6 +412,8 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   if (nan_stop->triggered()) {
     result.end = TrainResult::End::kStopped;
     result.message = nan_stop->message();
+    // Kept with the run: mixtrain doctor --from shows it as the run's own record.
+    if (summary) summary->add({{"stopped", result.message.str()}}, {});
     return result;
   }
   if (group)  // lets a person (and the tests) see that every rank ended with the same weights
@@ -483,6 +485,7 @@ std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d) {
 }
 
 diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags& stop) {
+  if (!a.from_run.empty()) return doctor_from(std::move(a), words, stop);
   const RunTurn turn;
   validate(a, Command::kDoctor);
   const RunConfig& r = a.config;

@@ -319,6 +319,10 @@ std::vector<Option> make_table() {
   add(Def("save_every", "--save-every", ValueType::kInt, kT,
           "Save a checkpoint every N epochs and after the last (0: only on Ctrl-C)")
           .stored().at_least(0).field<int64_t>(MIXTRAIN_CONFIG(save_every)));
+  add(Def("save_every_steps", "--save-every-steps", ValueType::kInt, kT,
+          "Also save a checkpoint every N training steps (0: none), to resume or branch a long run from "
+          "(mixtrain doctor --from); --keep counts these too")
+          .added_later().at_least(0).field<int64_t>(MIXTRAIN_CONFIG(save_every_steps)));
   add(Def("keep", "--keep", ValueType::kInt, kT, "Keep only the newest K checkpoints (0: all)")
           .stored().at_least(0).field<int64_t>(MIXTRAIN_CONFIG(keep)));
   add(Def("max_bad_steps", "--max-bad-steps", ValueType::kInt, kT,
@@ -370,6 +374,17 @@ std::vector<Option> make_table() {
           .at_least(0).field<int64_t>(MIXTRAIN_ARGS(max_trials)));
   add(Def("no_trials", "--no-trials", ValueType::kSwitch, kD, "Try no fixes: the verdict and its fixes only")
           .no_default().field<bool>(MIXTRAIN_ARGS(no_trials)));
+  add(Def("from_run", "--from", ValueType::kText, kD,
+          "Diagnose a run from its own checkpoint: replay a window of its training in fp32 and in its precision "
+          "(RUN_DIR holds args.json and checkpoints; the run's flags are its own)")
+          .no_default().field<std::string>(MIXTRAIN_ARGS(from_run)));
+  add(Def("at", "--at", ValueType::kInt, kD,
+          "With --from: branch from the checkpoint of this training step (default: the newest the run went on "
+          "from for a whole window, or the state a stopped run stopped in)")
+          .no_default().at_least(0).field<int64_t>(MIXTRAIN_ARGS(at)));
+  add(Def("window", "--window", ValueType::kInt, kD,
+          "With --from: training steps replayed in each arm (default: 100, or what the run has left; at least 8)")
+          .no_default().at_least(1).field<int64_t>(MIXTRAIN_ARGS(window)));
   // Testing aids (mixtrain/callbacks/fault_injection.h), hidden from help.
   add(Def("interrupt_at_step", "--interrupt-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(interrupt_at_step)));
   add(Def("abort_at_step", "--abort-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(abort_at_step)));

@@ -46,6 +46,7 @@ class PureBf16 : public MixedPrecision {
   std::optional<ParamMemory> param_memory() const override { return memory_; }
   std::vector<torch::Tensor> state_tensors() const override;
   std::optional<LostUpdateReport> lost_updates() const override;
+  void restart_lost_updates() override;
 
   /// Checkpoints carry the rule, the Kahan compensations and the counts.
   std::string state_key() const override { return "pure_bf16"; }

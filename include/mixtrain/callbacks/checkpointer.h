@@ -24,6 +24,10 @@ struct CheckpointerOptions {
   TORCH_ARG(std::string, dir);
   /// Save at the end of every `every`-th epoch and of the last one (0: only on a stop request).
   TORCH_ARG(int64_t, every) = 0;
+  /// Also save after every `every_steps`-th training step (0: never): a run of one or two
+  /// long epochs gets points to resume or branch from (mixtrain doctor --from). A step
+  /// checkpoint resumes exactly as an epoch one does, mid-epoch included.
+  TORCH_ARG(int64_t, every_steps) = 0;
   /// Keep the newest `keep` checkpoints (0: all).
   TORCH_ARG(int64_t, keep) = 0;
   /// When it becomes true (a signal handler sets it), save after the current

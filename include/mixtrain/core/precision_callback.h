@@ -116,6 +116,9 @@ class PrecisionCallback : public Callback {
   virtual bool pure_weights() const { return false; }
   /// Lost weight updates since the mode was attached (bf16-pure), or nullopt.
   virtual std::optional<LostUpdateReport> lost_updates() const { return std::nullopt; }
+  /// Counts lost updates from nothing from here on: a window replayed from a checkpoint
+  /// (mixtrain doctor --from) reports its own steps, not the run's before it.
+  virtual void restart_lost_updates() {}
   /// Undoes what attaching did to the Learner before the callback is removed
   /// (master weights copy the fp32 masters back into an fp32 model).
   virtual void detach(Learner&) {}

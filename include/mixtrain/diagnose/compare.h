@@ -92,6 +92,27 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& opti
 /// The same with the common arguments.
 Diagnosis compare(const LearnerFactory& make_learner, int64_t epochs, double lr);
 
+/// Which Learner a BranchFactory builds at the branch point.
+enum class Arm {
+  kRun,    ///< the run itself, continued: its precision and state exactly as a resume restores them
+  kFp32,   ///< fp32 from the same state: the masters where the run kept them, bf16-pure's values as
+           ///< fp32, the optimizer state as it is; no autocast, no loss scaling
+  kTrial,  ///< the run's state in a trial's precision, options and clipping (the MixedRun)
+};
+/// Builds a Learner at a run's branch point (a checkpoint restored as a resume restores
+/// it: weights, optimizer, scaler, schedule position, data order and random state) as
+/// `arm` says; `trial` is the MixedRun for Arm::kTrial (the run's own otherwise).
+using BranchFactory = std::function<std::unique_ptr<Learner>(Arm arm, const MixedRun& trial)>;
+
+/// The comparison replayed from a run's checkpoint (mixtrain doctor --from): `window`
+/// steps of the run's schedule (options.epochs() and lr() must be the run's) in fp32 and
+/// in the run's precision (options.precision()), on the same batches, each validated at
+/// the end; then the verdict by the same rules (Evidence::branched set), and the
+/// verdict's trials, each the window again from the same checkpoint. Its cost is
+/// (2 + trials) windows, whatever the run's length. Throws OptionError("window") below
+/// kMinCompareSteps.
+Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& options, int64_t window);
+
 /// What a finished run's Recorder says: every step it recorded, and the last epoch;
 /// its lost updates and its bytes per parameter.
 RunEvidence summarize_run(Learner& learn, const std::string& precision);

@@ -62,6 +62,9 @@ struct RunEvidence {
   std::vector<double> scales;     ///< per step (NaN without a scaler)
   std::vector<bool> skipped;
   std::vector<int64_t> epochs;    ///< per step: the epoch it belongs to
+  /// The index in the run's step history (steps.csv's rows) of the first step held:
+  /// 0 for a run from scratch, the branch point for a window replayed from a checkpoint.
+  int64_t first_step = 0;
   /// 1 / number of classes when the targets are class indices (NaN otherwise):
   /// accuracy at or near it means the model learned nothing.
   double chance_accuracy = std::numeric_limits<double>::quiet_NaN();
@@ -86,6 +89,10 @@ struct Evidence {
   std::optional<OverflowTrace> trace_end;   ///< and at the weights the mixed run ended with
   std::optional<GradientHealth> gradients;  ///< fp32 gradients at the mixed run's final scale
   std::optional<InputReport> inputs;        ///< the training inputs
+  /// The pair is a window replayed from a run's checkpoint (mixtrain doctor --from), not
+  /// two runs from scratch: a baseline whose loss does not fall in the window is no fault
+  /// (a late window of a converged run), so only its divergence counts against it.
+  bool branched = false;
   /// (mixed - fp32) / |fp32| * 100 of the compared loss (valid loss when both are finite).
   std::optional<double> gap_percent() const;
 };
@@ -120,6 +127,28 @@ struct Trial {
   std::string settings_in(const OptionWords& words) const;
 };
 
+/// Where a diagnosis replayed from (mixtrain doctor --from): the run's checkpoint, the
+/// window, whether the replayed mixed arm is the run itself, and the run's own record.
+struct Replay {
+  std::string from;           ///< the run folder
+  std::string checkpoint;     ///< the checkpoint branched from
+  int64_t step = 0;           ///< its training step
+  int64_t window = 0;         ///< training steps replayed in each arm
+  /// The replayed mixed arm against the run's steps.csv (loss, scale, skip of every step
+  /// both have): true when equal to the digit steps.csv keeps (float32's all), false from
+  /// `first_difference` on, nullopt when the run recorded none of the window's steps.
+  std::optional<bool> matches_run;
+  int64_t first_difference = -1;  ///< the first step that differs (matches_run false)
+  std::string difference;         ///< what differs there, in words
+  std::string not_compared;       ///< why matches_run is nullopt
+  double seconds = 0;             ///< restoring, both arms and their validations (trials apart)
+  /// Notes on the branch point: why this checkpoint (an earlier one than the newest).
+  std::vector<std::string> notes;
+  /// What the run recorded before the doctor replayed anything (its own record): the
+  /// loss scale and skips per epoch, lost updates, the NaN stop's message.
+  std::vector<std::string> record;
+};
+
 struct Diagnosis {
   Verdict verdict = Verdict::kHealthy;
   std::string headline;               ///< one line: the verdict in words
@@ -137,6 +166,8 @@ struct Diagnosis {
   /// Why the trials ended before the queue or max_trials did, or "": a proven fix that
   /// costs no more than the run it fixes cannot be beaten by a cheaper one still waiting.
   std::string trials_stopped;
+  /// Set when the pair was replayed from a run's checkpoint (mixtrain doctor --from).
+  std::optional<Replay> replay;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
   /// A short, readable report (what `mixtrain doctor` prints), options named in `words`.

@@ -31,6 +31,10 @@ struct StopFlags {
   std::function<bool()> poll;
 };
 
+/// What makes a run's Learner stop on request: the front end's poll, and for a run that
+/// keeps no checkpoints StopOnRequest (a training run's Checkpointer saves, then stops).
+void add_stop_callbacks(Learner& learn, const StopFlags& stop, bool keeps_checkpoints);
+
 /// How a training run ended.
 struct TrainResult {
   enum class End {

@@ -51,6 +51,9 @@ struct RunArgs {
   LrFindOptions lr_find;        ///< the sweep's range and length (lr_find)
   int64_t max_trials = 4;       ///< doctor: candidate fixes tried after a problem verdict
   bool no_trials = false;       ///< doctor: try none
+  std::string from_run;         ///< doctor: replay a window from this run folder's checkpoint
+  int64_t at = -1;              ///< doctor --from: the checkpoint's step (-1: chosen)
+  int64_t window = -1;          ///< doctor --from: training steps replayed (-1: the default)
   /// A model in memory instead of config.model (the Python front door: the
   /// user's module). Called once per Learner the command builds, it returns a
   /// Model for `config` (its output and loss): the doctor builds several and

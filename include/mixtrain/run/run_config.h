@@ -37,6 +37,7 @@ struct RunConfig {
   int64_t accum = 1;                          ///< batches per optimizer step
   bool wd_bn_bias = false;                    ///< decay norm parameters and biases too (fastai's default: no)
   int64_t save_every = 0;                     ///< epochs between checkpoints (0: only on interrupt)
+  int64_t save_every_steps = 0;               ///< training steps between checkpoints too (0: none)
   int64_t keep = 0;                           ///< checkpoints kept (0: all)
   int64_t max_bad_steps = 10;                 ///< with loss scaling: consecutive NaN/inf losses tolerated
   c10::ScalarType comm_dtype = c10::ScalarType::Float;  ///< data parallel: dtype gradients travel in (Float or Half)

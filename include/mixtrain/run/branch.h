@@ -1,0 +1,32 @@
+#pragma once
+/// Branching a run: `mixtrain doctor --from RUN_DIR [--at STEP] [--window N]`. The
+/// doctor restores one of the run's own checkpoints exactly as --resume does (weights,
+/// optimizer state, loss scale, schedule position, data order, random state) and
+/// replays a window of the run's training from there, in fp32 and in the run's
+/// precision, instead of training both from scratch: its cost is (2 + trials) windows,
+/// whatever the run's length.
+#include "mixtrain/diagnose/diagnosis.h"
+#include "mixtrain/run/commands.h"
+#include "mixtrain/run/options.h"
+
+#include <cstdint>
+
+namespace mixtrain::run {
+
+/// Steps replayed when --window is not given (or what the run's schedule has left, if
+/// fewer): at least the 8 the verdict's rules need, enough that the smoothed loss (a
+/// 0.98 moving average, ~50 steps of memory) reflects the window rather than the steps
+/// before it, and that lost updates and the loss scale's backoffs show; small enough
+/// that 2 arms and 4 trials stay 600 steps, whatever the run's length.
+constexpr int64_t kDefaultWindow = 100;
+
+/// The doctor of RunArgs::from_run: reads RUN_DIR/args.json and a checkpoint (at
+/// RunArgs::at, or chosen: the state a stopped run stopped in, else the newest the run
+/// went on from for a whole window), shows the run's own record, replays the window
+/// (diagnose::compare_branch) and checks the replay against the run's steps.csv
+/// (Diagnosis::replay). Writes only into RunArgs::out. Bad input (no args.json, no or a
+/// damaged checkpoint, an unknown step, a window too short or past the schedule's end,
+/// flags that would change the run) throws OptionError or c10::Error naming it.
+diagnose::Diagnosis doctor_from(RunArgs args, const OptionWords& words, const StopFlags& stop);
+
+} // namespace mixtrain::run

@@ -1,0 +1,404 @@
+#include "mixtrain/run/branch.h"
+
+#include "mixtrain/callbacks/checkpointer.h"
+#include "mixtrain/callbacks/gradient_clip.h"
+#include "mixtrain/core/learner.h"
+#include "mixtrain/core/precision_callback.h"
+#include "mixtrain/diagnose/compare.h"
+#include "mixtrain/run/learner_builder.h"
+#include "mixtrain/run/run_folder.h"
+#include "mixtrain/util/atomic_file.h"
+#include "mixtrain/util/option_error.h"
+#include "mixtrain/util/threads.h"
+
+#include "util/short_number.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <sstream>
+
+namespace mixtrain::run {
+
+namespace {
+
+using mixtrain::detail::short_number;
+
+/// The training step a checkpoint file holds ("checkpoint-120.pt": 120).
+int64_t step_of(const std::string& path) {
+  static const std::regex pattern(R"(checkpoint-(\d{1,18})\.pt)");
+  std::smatch m;
+  const std::string file = std::filesystem::path(path).filename().string();
+  return std::regex_match(file, m, pattern) ? std::stoll(m[1]) : -1;
+}
+
+/// Carries a state entry of the run's checkpoints that the doctor's Learner has no use
+/// for (the run record, a tracker's best value), so that they load as they were written.
+class StateSink : public Callback {
+ public:
+  explicit StateSink(std::string key) : key_(std::move(key)) {}
+  std::string name() const override { return "StateSink"; }
+  std::string state_key() const override { return key_; }
+
+ private:
+  std::string key_;
+};
+
+std::vector<std::string> split_keys(const std::string& joined) {
+  std::vector<std::string> out;
+  std::stringstream in(joined);
+  for (std::string k; std::getline(in, k, ',');)
+    if (!k.empty()) out.push_back(k);
+  return out;
+}
+
+/// The stateful callbacks a checkpoint holds state for.
+std::vector<std::string> saved_callback_keys(const std::string& checkpoint) {
+  torch::serialize::InputArchive ar;
+  Learner::open_checkpoint(checkpoint, ar);
+  c10::IValue keys;
+  TORCH_CHECK(ar.try_read("mixtrain.callbacks", keys) && keys.isString(), "Checkpoint ", checkpoint,
+              " has no callback list (damaged, or not a mixtrain checkpoint)");
+  return split_keys(keys.toStringRef());
+}
+
+/// steps.csv as text: its header and rows, the values as the run wrote them.
+struct StepsCsv {
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+  int column(const std::string& name) const {
+    const auto it = std::find(header.begin(), header.end(), name);
+    return it == header.end() ? -1 : static_cast<int>(it - header.begin());
+  }
+  std::string at(size_t row, const std::string& name) const {
+    const int c = column(name);
+    return c < 0 || row >= rows.size() || static_cast<size_t>(c) >= rows[row].size() ? "" : rows[row][static_cast<size_t>(c)];
+  }
+};
+
+std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> out;
+  std::string field;
+  std::stringstream in(line);
+  while (std::getline(in, field, ',')) out.push_back(field);
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+StepsCsv read_steps_csv(const std::string& path) {
+  StepsCsv csv;
+  std::ifstream f(path);
+  std::string line;
+  if (!f || !std::getline(f, line)) return csv;
+  csv.header = csv_fields(line);
+  while (std::getline(f, line))
+    if (!line.empty()) csv.rows.push_back(csv_fields(line));
+  return csv;
+}
+
+/// A value as steps.csv writes it (ostream, 9 significant digits: float32's all).
+std::string as_csv(double v, bool blank_when_nan) {
+  if (blank_when_nan && std::isnan(v)) return "";
+  std::ostringstream out;
+  out.precision(9);
+  out << v;
+  return out.str();
+}
+
+/// What the run recorded before anything is replayed: the seed guide's "check the
+/// loss scale history" per epoch, its lost updates and its NaN stop.
+std::vector<std::string> run_record(const RunFolder& folder, const StepsCsv& csv) {
+  std::vector<std::string> out;
+  if (csv.rows.empty()) {
+    out.push_back("no steps.csv: the run recorded no steps");
+  } else {
+    std::map<int64_t, std::vector<size_t>> by_epoch;
+    for (size_t i = 0; i < csv.rows.size(); ++i) {
+      try {
+        by_epoch[std::stoll(csv.at(i, "epoch"))].push_back(i);
+      } catch (const std::exception&) {
+      }
+    }
+    for (const auto& [epoch, rows] : by_epoch) {
+      int64_t skipped = 0;
+      double lo = INFINITY;
+      for (size_t i : rows) {
+        skipped += csv.at(i, "skipped") == "1";
+        const std::string s = csv.at(i, "scale");
+        if (s.empty()) continue;
+        const double v = std::strtod(s.c_str(), nullptr);
+        lo = std::min(lo, v);
+      }
+      std::string line = "epoch " + std::to_string(epoch) + ": " + std::to_string(rows.size()) + " steps, loss " +
+                         csv.at(rows.front(), "loss") + " -> " + csv.at(rows.back(), "loss");
+      if (std::isfinite(lo)) {
+        const std::string first = csv.at(rows.front(), "scale"), last = csv.at(rows.back(), "scale");
+        line += ", " + std::to_string(skipped) + " skipped, loss scale " + first + " -> " + last;
+        if (lo < std::min(std::strtod(first.c_str(), nullptr), std::strtod(last.c_str(), nullptr)))
+          line += " (lowest " + short_number(lo) + ")";
+      }
+      out.push_back(line);
+    }
+  }
+  std::ifstream f(folder.file("summary.json"));
+  if (!f) return out;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    if (j.contains("lost_updates") && j["lost_updates"].is_object()) {
+      const auto& l = j["lost_updates"];
+      std::string line = "lost updates: " + short_number(100 * l.value("fraction", 0.0), 3) + "% of element updates rounded away (" +
+                         l.value("weight_update", std::string("?")) + " rounding)";
+      if (l.contains("per_epoch") && l["per_epoch"].is_array() && l["per_epoch"].size() > 1) {
+        line += "; per epoch:";
+        for (const auto& v : l["per_epoch"]) line += " " + short_number(100 * v.get<double>(), 3) + "%";
+      }
+      out.push_back(line);
+    }
+    if (j.contains("stopped") && j["stopped"].is_string()) out.push_back("the NaN stop: " + j["stopped"].get<std::string>());
+  } catch (const std::exception&) {
+    out.push_back("summary.json is damaged: its lost updates and stop are not shown");
+  }
+  return out;
+}
+
+/// The replayed mixed arm against the steps the run recorded: loss, scale and skip.
+void check_replay(diagnose::Replay& r, const diagnose::RunEvidence& mixed, const StepsCsv& csv) {
+  const size_t first = static_cast<size_t>(mixed.first_step);
+  if (csv.rows.size() <= first) {
+    r.not_compared = csv.rows.empty() ? "the run has no steps.csv"
+                                      : "the run recorded none of the window's steps (it recorded " +
+                                            std::to_string(csv.rows.size()) + ")";
+    return;
+  }
+  for (size_t k = 0; k < mixed.losses.size() && first + k < csv.rows.size(); ++k) {
+    const size_t row = first + k;
+    const std::pair<std::string, std::string> compared[] = {
+        {"loss", as_csv(mixed.losses[k], false)},
+        {"scale", as_csv(k < mixed.scales.size() ? mixed.scales[k] : NAN, true)},
+        {"skipped", as_csv(k < mixed.skipped.size() && mixed.skipped[k] ? 1 : 0, false)}};
+    for (const auto& [column, replayed] : compared) {
+      if (csv.column(column) < 0 || csv.at(row, column) == replayed) continue;
+      r.matches_run = false;
+      r.first_difference = static_cast<int64_t>(row);
+      r.difference = column + " " + replayed + " replayed, " + csv.at(row, column) + " in the run's steps.csv";
+      return;
+    }
+  }
+  r.matches_run = true;
+}
+
+/// Whether every weight and buffer of the Learner is finite.
+bool weights_finite(Learner& learn) {
+  for (const auto& t : learn.model().state_tensors())
+    if (t.is_floating_point() && !torch::isfinite(t).all().item<bool>()) return false;
+  return true;
+}
+
+} // namespace
+
+diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopFlags& stop) {
+  const RunTurn turn;
+  const std::string from = a.from_run;
+  const RunFolder run(from);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(from, ec))
+    throw OptionError("from_run", Phrase::name("from_run") + " " + from + " is not a run folder (no such directory)");
+  // The run's own flags: any other given is refused, rather than silently ignored.
+  const RunArgs defaults = defaults_for(Command::kDoctor);
+  for (const Option& o : options()) {
+    if (!o.stored || o.key == "threads" || o.get(a) == o.get(defaults)) continue;
+    throw OptionError(o.key, Phrase::name("from_run") + " replays the run with its own flags (" + from + "/args.json); drop " +
+                                 Phrase::name(o.key));
+  }
+  RunArgs b;  // the run's arguments
+  try {
+    b.config = run.read_config();
+  } catch (const c10::Error& e) {
+    throw OptionError("from_run", "cannot branch from " + from + ": " + e.msg());
+  }
+  if (a.config.threads != defaults.config.threads) b.config.threads = a.config.threads;
+  b.model_source = a.model_source;
+  b.data_source = a.data_source;
+  const RunConfig& r = b.config;
+  if (r.precision == Precision::kFp32)
+    throw OptionError("from_run", "cannot branch from " + from + ": it trained in fp32, so there is no mixed precision to diagnose");
+  if (r.ranks > 1)
+    throw OptionError("from_run", "cannot branch from " + from + ": it was trained by " + std::to_string(r.ranks) +
+                                      " data-parallel ranks, and a replay runs in one process (not supported yet)");
+  if (!r.lr.one_for_all())
+    throw OptionError("from_run", "cannot branch from " + from + ": its " + Phrase::name("lr") + " " + r.lr.str() +
+                                      " is one per parameter group; the doctor replays one");
+  if (a.window >= 0 && a.window < diagnose::kMinCompareSteps)
+    throw OptionError("window", "a " + Phrase::name("window") + " of " + std::to_string(a.window) +
+                                    " step(s) is too short to judge; the comparison needs at least " +
+                                    std::to_string(diagnose::kMinCompareSteps));
+  const std::vector<std::string> checkpoints = callbacks::Checkpointer::newest_first(from);
+  if (checkpoints.empty())
+    throw OptionError("from_run", "cannot branch from " + from + ": it holds no checkpoint (train with " +
+                                      Phrase::name("save_every") + " or " + Phrase::name("save_every_steps") + ")");
+  if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
+  if (std::filesystem::weakly_canonical(a.out, ec) == std::filesystem::weakly_canonical(from, ec))
+    throw OptionError("out", "the doctor writes into its own " + Phrase::name("out") + ", not into the run folder " + from);
+
+  const int threads = configure_threads(r.threads, thread_policy(r));
+  torch::manual_seed(r.seed);
+  const auto split = load_split(b, /*world_size=*/1);
+  const PrecisionOptions own_options = PrecisionOptions(r.precision_options).rounding_seed(r.seed);
+
+  // A Learner as the run built it, with the checkpoint loaded as a resume loads it.
+  const auto restored = [&](const std::string& checkpoint) {
+    std::unique_ptr<Learner> learn = build_learner(b, split, /*progress=*/false);
+    learn->set_precision(r.precision, own_options);
+    std::vector<std::string> here;
+    for (const auto& cb : learn->cbs())
+      if (!cb->state_key().empty()) here.push_back(cb->state_key());
+    for (const auto& key : saved_callback_keys(checkpoint))
+      if (std::find(here.begin(), here.end(), key) == here.end()) learn->add_cb(std::make_shared<StateSink>(key));
+    learn->load(checkpoint);
+    return learn;
+  };
+
+  // The run's schedule: how many steps, and where each checkpoint stands in it.
+  int64_t total_steps = 0;
+  {
+    std::unique_ptr<Learner> probe = build_learner(b, split, /*progress=*/false);
+    total_steps = r.epochs * probe->dls().train.num_batches();
+  }
+  const bool stopped = !run.finished();
+  std::string checkpoint;
+  std::vector<std::string> notes;
+  int64_t window = a.window;
+  const auto left_after = [&](const std::string& c) { return total_steps - step_of(c); };
+  if (a.at >= 0) {
+    for (const auto& c : checkpoints)
+      if (step_of(c) == a.at) checkpoint = c;
+    if (checkpoint.empty()) {
+      std::string steps;
+      for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) steps += (steps.empty() ? "" : ", ") + std::to_string(step_of(*it));
+      throw OptionError("at", from + " has no checkpoint at step " + std::to_string(a.at) + " (it has steps " + steps + ")");
+    }
+  } else if (stopped) {
+    // Branched from the state it stopped in, unless its weights are no longer finite.
+    checkpoint = checkpoints.front();
+    for (size_t i = 0; i < checkpoints.size(); ++i) {
+      if (weights_finite(*restored(checkpoints[i]))) {
+        checkpoint = checkpoints[i];
+        break;
+      }
+      if (i + 1 == checkpoints.size())
+        throw OptionError("from_run", "cannot branch from " + from + ": the weights of every checkpoint are NaN/inf");
+      notes.push_back("the weights of " + checkpoints[i] + " are NaN/inf: branched from the checkpoint before it");
+    }
+    notes.push_back(std::string("the run did not finish: branched from ") +
+                    (checkpoint == checkpoints.front() ? "the state it stopped in" : "the last finite state before it"));
+  } else {
+    const int64_t wanted = window >= 0 ? window : kDefaultWindow;
+    for (const auto& c : checkpoints)
+      if (left_after(c) >= wanted) {
+        checkpoint = c;
+        break;
+      }
+    if (checkpoint.empty()) checkpoint = checkpoints.back();  // the earliest: the longest window there is
+    if (checkpoint != checkpoints.front())
+      notes.push_back("the newest checkpoint the run went on from for " + std::to_string(std::min(wanted, left_after(checkpoint))) +
+                      " steps (the newest, " + checkpoints.front() + ", leaves " + std::to_string(left_after(checkpoints.front())) + ")");
+  }
+  const int64_t left = left_after(checkpoint);
+  if (window < 0) window = std::min(kDefaultWindow, left);
+  if (window > left)
+    throw OptionError("window", "a " + Phrase::name("window") + " of " + std::to_string(window) + " steps from step " +
+                                    std::to_string(step_of(checkpoint)) + " runs past the end of the run's schedule (" +
+                                    std::to_string(total_steps) + " steps): at most " + std::to_string(left));
+  if (window < diagnose::kMinCompareSteps)
+    throw OptionError("window", "the run's schedule has " + std::to_string(left) + " step(s) left after " + checkpoint +
+                                    ", too few to judge (at least " + std::to_string(diagnose::kMinCompareSteps) +
+                                    "); pick an earlier one with " + Phrase::name("at"));
+  // Everything is checked: the doctor's own folder is created now (never the run's).
+  const RunFolder folder(a.out);
+  folder.prepare();
+
+  diagnose::Replay replay;
+  replay.from = from;
+  replay.checkpoint = checkpoint;
+  replay.step = step_of(checkpoint);
+  replay.window = window;
+  replay.notes = notes;
+  const StepsCsv csv = read_steps_csv(run.file("steps.csv"));
+  replay.record = run_record(run, csv);
+  std::cout << "mixtrain doctor: branching " << from << " (model " << r.model << ", precision " << precision_name(r.precision)
+            << ") from " << checkpoint << ": " << window << " steps in fp32 and in " << precision_name(r.precision) << ", "
+            << threads << " thread(s)" << std::endl;
+  std::cout << "the run's own record:" << std::endl;
+  for (const auto& line : replay.record) std::cout << "  " << line << std::endl;
+
+  const auto start = std::chrono::steady_clock::now();
+  double arms_seconds = -1;
+  const diagnose::BranchFactory at_branch = [&](diagnose::Arm arm, const diagnose::MixedRun& trial) {
+    if (arm == diagnose::Arm::kFp32) std::cout << "doctor: 1/2 fp32 from the checkpoint" << std::endl;
+    if (arm == diagnose::Arm::kRun)
+      std::cout << "doctor: 2/2 " << precision_name(r.precision) << " from the checkpoint (the run, continued)" << std::endl;
+    std::unique_ptr<Learner> learn = restored(checkpoint);
+    if (arm == diagnose::Arm::kFp32) {
+      learn->to_fp32();
+    } else if (arm == diagnose::Arm::kTrial) {
+      // A trial that keeps the run's scaler settings goes on at the run's current scale.
+      PrecisionOptions options = trial.options;
+      const auto pc = learn->precision_cb();
+      if (trial.precision == Precision::kFp16 && pc && pc->loss_scaled() &&
+          options.scaler().init_scale() == own_options.scaler().init_scale()) {
+        amp::GradScalerOptions scaler = options.scaler();
+        scaler.init_scale(pc->loss_scale());
+        options.scaler(scaler);
+      }
+      learn->to_fp32();
+      learn->set_precision(trial.precision, options);
+      if (trial.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(trial.clip));
+    }
+    add_stop_callbacks(*learn, stop, /*keeps_checkpoints=*/false);
+    return learn;
+  };
+  std::optional<diagnose::Diagnosis> known;
+  const auto keep = [&](const diagnose::Diagnosis& now) {
+    if (arms_seconds < 0) arms_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    known = now;
+    known->replay = replay;
+    known->replay->seconds = arms_seconds;
+    write_file_atomically(folder.file("diagnosis.json"), known->to_json(words));
+  };
+  diagnose::Diagnosis d = diagnose::compare_branch(at_branch,
+                                                   diagnose::CompareOptions()
+                                                       .epochs(r.epochs)
+                                                       .lr(r.lr.last())
+                                                       .precision(r.precision)
+                                                       .precision_options(own_options)
+                                                       .max_trials(a.no_trials ? 0 : a.max_trials)
+                                                       .apply_setting(apply_setting)
+                                                       .seed(r.seed)
+                                                       .on_progress(keep),
+                                                   window);
+  replay.seconds = arms_seconds;
+  if (d.evidence.mixed) check_replay(replay, *d.evidence.mixed, csv);
+  d.replay = replay;
+  write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
+  std::vector<std::string> written{folder.file("diagnosis.json")};
+  for (const auto& [name, svg] : doctor_charts(d)) {
+    write_file_atomically(folder.file(name + ".svg"), svg);
+    written.push_back(folder.file(name + ".svg"));
+  }
+  std::cout << "\n" << d.report(words);
+  if (a.report_files) {
+    std::cout << "written:";
+    for (const auto& w : written) std::cout << " " << w;
+  }
+  std::cout << std::endl;
+  return d;
+}
+
+} // namespace mixtrain::run

@@ -1,0 +1,133 @@
+// Branching a run: step checkpoints (--save-every-steps) and `mixtrain doctor --from`,
+// which replays a window of a run from its own checkpoint instead of retraining.
+#include "cli_util.h"
+#include "test_util.h"
+
+#include <filesystem>
+#include <set>
+
+using namespace mixtrain::test;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The mlp on 1024 Fashion-MNIST samples, bs 64: 16 steps an epoch, 32 in 2 epochs,
+// a checkpoint every 8 steps (8, 16, 24, 32; 8 and 24 mid-epoch).
+const std::string kRun = "train --model mlp --limit 1024 --bs 64 --epochs 2 --threads 1 --save-every-steps 8 ";
+
+std::string trained(const std::string& name, const std::string& flags) {
+  const std::string out = scratch_dir(name);
+  const CliResult r = run_cli(kRun + flags + " --out " + out);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  return out;
+}
+
+std::set<std::string> listing(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string() + ":" + std::to_string(fs::file_size(e.path())));
+  return names;
+}
+
+TEST(CliBranchTest, StepCheckpointsLandEveryNStepsAndKeepCountsThem) {
+  const std::string out = trained("branch_steps", "--precision fp16 --keep 3");
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) kept.push_back(e.path().filename().string());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"checkpoint-16.pt", "checkpoint-24.pt", "checkpoint-32.pt"}));
+}
+
+// A step checkpoint in the middle of an epoch resumes bitwise, as an epoch one does.
+TEST(CliBranchTest, AMidEpochStepCheckpointResumesBitwise) {
+  const std::string full = trained("branch_full", "--precision fp16");
+  const std::string cut = scratch_dir("branch_cut");
+  fs::copy(full, cut, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  for (const char* f : {"/checkpoint-16.pt", "/checkpoint-24.pt", "/checkpoint-32.pt", "/finished", "/model.pt"}) fs::remove(cut + f);
+  const CliResult r = run_cli("train --resume " + cut);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("checkpoint-8.pt"), std::string::npos) << r.out;
+  const auto a = model_tensors(full + "/model.pt"), b = model_tensors(cut + "/model.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+}
+
+// The replayed mixed arm is the run itself, in each mode that keeps a different state:
+// autocast with a scaler, 16-bit weights, fp32 masters.
+TEST(CliBranchTest, TheReplayMatchesTheRunInEachMode) {
+  for (const std::string precision : {"fp16", "bf16-pure", "bf16-master"}) {
+    SCOPED_TRACE(precision);
+    const std::string run = trained("branch_match_" + precision, "--precision " + precision);
+    const auto before = listing(run);
+    const std::string out = scratch_dir("branch_match_doctor_" + precision);
+    const CliResult r = run_cli("doctor --from " + run + " --at 8 --window 8 --no-trials --out " + out);
+    ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("the run's own record"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("replay matches the run's steps.csv"), std::string::npos) << r.out;
+    const auto j = read_json(out + "/diagnosis.json");
+    const auto& replay = j.at("replay");
+    EXPECT_EQ(replay.at("matches_run"), true) << replay;
+    EXPECT_EQ(replay.at("step"), 8);
+    EXPECT_EQ(replay.at("window"), 8);
+    EXPECT_EQ(j.at("evidence").at("fp32").at("steps"), 8);
+    EXPECT_EQ(j.at("evidence").at("mixed").at("steps"), 8);
+    EXPECT_EQ(listing(run), before) << "the doctor wrote into the run's folder";
+  }
+}
+
+// The same replay on other data is another run: the report says so first.
+TEST(CliBranchTest, AnEditedDataFileMakesTheReplayDifferAndSaysSoFirst) {
+  const std::string data = fake_fashion_dir("branch_edit_data", 512, 128);
+  const std::string run = scratch_dir("branch_edit_run");
+  const CliResult t = run_cli("train --model mlp --data " + data + " --bs 64 --epochs 2 --threads 1 --save-every-steps 4 --precision fp16 --out " + run);
+  ASSERT_EQ(t.code, 0) << t.out << t.err;
+  write_gz(data + "/train-images-idx3-ubyte.gz", idx_bytes({512, 28, 28}, 0x08, /*fill_seed=*/3));
+  const std::string out = scratch_dir("branch_edit_doctor");
+  const CliResult r = run_cli("doctor --from " + run + " --at 4 --window 8 --no-trials --out " + out);
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out << r.err;
+  EXPECT_EQ(r.out.find("WARNING: the replay does not match the run from step 4"), r.out.find("\n\n") + 2) << r.out;
+  const auto replay = read_json(out + "/diagnosis.json").at("replay");
+  EXPECT_EQ(replay.at("matches_run"), false);
+  EXPECT_EQ(replay.at("first_difference"), 4);
+}
+
+// Without --at and --window: a finished run branches from the newest checkpoint that
+// leaves a whole window; with fewer steps left anywhere, from the earliest, for what is left.
+TEST(CliBranchTest, TheDefaultCheckpointLeavesTheLongestWindowThereIs) {
+  const std::string run = trained("branch_default", "--precision fp16");
+  const std::string out = scratch_dir("branch_default_doctor");
+  const CliResult r = run_cli("doctor --from " + run + " --no-trials --out " + out);
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out << r.err;
+  const auto replay = read_json(out + "/diagnosis.json").at("replay");
+  EXPECT_EQ(replay.at("step"), 8);
+  EXPECT_EQ(replay.at("window"), 24);
+  EXPECT_EQ(replay.at("matches_run"), true);
+}
+
+TEST(CliBranchTest, BadInputIsOneLineAndWritesNothingIntoTheRun) {
+  const std::string run = trained("branch_bad", "--precision fp16");
+  const auto before = listing(run);
+  expect_usage_error("doctor --from " + run + " --at 5", "has no checkpoint at step 5 (it has steps 8, 16, 24, 32)");
+  expect_usage_error("doctor --from " + run + " --window 0", "--window");
+  expect_usage_error("doctor --from " + run + " --window 4", "too short to judge");
+  expect_usage_error("doctor --from " + run + " --at 8 --window 30", "runs past the end of the run's schedule (32 steps): at most 24");
+  expect_usage_error("doctor --from " + run + " --at 32", "0 step(s) left");
+  expect_usage_error("doctor --from " + run + " --precision bf16", "replays the run with its own flags");
+  expect_usage_error("doctor --from " + run + " --out " + run, "not into the run folder");
+  expect_usage_error("doctor --from /nonexistent/run", "is not a run folder");
+  EXPECT_EQ(listing(run), before);
+
+  // A run that kept no checkpoint, and one whose checkpoint is damaged.
+  const std::string none = scratch_dir("branch_none");
+  ASSERT_EQ(run_cli("train --model mlp --limit 512 --bs 64 --threads 1 --precision fp16 --out " + none).code, 0);
+  expect_usage_error("doctor --from " + none, "holds no checkpoint");
+  const std::string damaged = scratch_dir("branch_damaged");
+  fs::copy(run, damaged, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  fs::resize_file(damaged + "/checkpoint-8.pt", fs::file_size(damaged + "/checkpoint-8.pt") / 2);
+  expect_usage_error("doctor --from " + damaged + " --at 8", "checkpoint-8.pt is truncated");
+  // A run of fp32 has nothing to compare.
+  const std::string fp32 = trained("branch_fp32", "--precision fp32");
+  expect_usage_error("doctor --from " + fp32, "trained in fp32");
+}
+
+} // namespace
