@@ -17,6 +17,8 @@ echo "== pure_bf16_bench: the bf16-pure step against fp32 and bf16, weight-updat
 "$build/bench/pure_bf16_bench"
 echo "== doctor_bench: the doctor's cost against one fp32 training run (a proven cure, a healthy verdict)"
 "$build/bench/doctor_bench"
+echo "== branch_bench: doctor --from a 1-epoch and an 8-epoch run, against the doctor from scratch"
+bash bench/branch_bench.sh "$build" 1
 echo "== checkpoint_bench: save/load time against size"
 "$build/bench/checkpoint_bench"
 echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce share of a step"

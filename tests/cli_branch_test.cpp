@@ -47,9 +47,10 @@ TEST(CliBranchTest, AMidEpochStepCheckpointResumesBitwise) {
   const CliResult r = run_cli("train --resume " + cut);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("checkpoint-8.pt"), std::string::npos) << r.out;
-  const auto a = model_tensors(full + "/model.pt"), b = model_tensors(cut + "/model.pt");
+  const auto a = model_tensors(full + "/checkpoint-32.pt"), b = model_tensors(cut + "/checkpoint-32.pt");
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+  EXPECT_EQ(slurp(full + "/steps.csv"), slurp(cut + "/steps.csv"));
 }
 
 // The replayed mixed arm is the run itself, in each mode that keeps a different state:
@@ -115,6 +116,8 @@ TEST(CliBranchTest, BadInputIsOneLineAndWritesNothingIntoTheRun) {
   expect_usage_error("doctor --from " + run + " --precision bf16", "replays the run with its own flags");
   expect_usage_error("doctor --from " + run + " --out " + run, "not into the run folder");
   expect_usage_error("doctor --from /nonexistent/run", "is not a run folder");
+  expect_usage_error("doctor --at 8", "--at picks what --from replays");
+  expect_usage_error("doctor --from " + run + " --at -3", "invalid --at -3");
   EXPECT_EQ(listing(run), before);
 
   // A run that kept no checkpoint, and one whose checkpoint is damaged.

@@ -170,8 +170,11 @@ void withdraw_failed_fixes(Diagnosis& d) {
 /// What the trials so far prove: failed fixes withdrawn, and the proven fix chosen.
 void settle(Diagnosis& d) {
   withdraw_failed_fixes(d);
-  // The proven fix: the cheapest healthy trial in bytes per parameter, then the
-  // smallest gap to fp32 (the autocast modes all cost the same).
+  // The proven fix: the cheapest healthy trial in bytes per parameter; among equally
+  // cheap ones (the autocast modes all cost the same) the first tried, the most targeted,
+  // unless another's gap to fp32 is smaller by more than noise. Gaps a fraction of a
+  // percent apart are rounding noise and would make the choice depend on the CPU (real
+  // bf16 kernels or their emulation).
   auto cost = [](const Trial& t) { return std::isfinite(t.run.bytes_per_param) ? t.run.bytes_per_param : 1e300; };
   auto gap = [](const Trial& t) { return t.gap_percent ? std::abs(*t.gap_percent) : 0.0; };
   for (size_t i = 0; i < d.trials.size(); ++i) {
@@ -182,7 +185,8 @@ void settle(Diagnosis& d) {
       continue;
     }
     const Trial& best = d.trials[*d.proven_fix];
-    if (cost(t) < cost(best) - 1e-9 || (std::abs(cost(t) - cost(best)) <= 1e-9 && gap(t) < gap(best))) d.proven_fix = i;
+    if (cost(t) < cost(best) - 1e-9 || (std::abs(cost(t) - cost(best)) <= 1e-9 && gap(t) < gap(best) - kGapNoisePercent))
+      d.proven_fix = i;
   }
 }
 

@@ -235,7 +235,8 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   if (!r.lr.one_for_all())
     throw OptionError("from_run", "cannot branch from " + from + ": its " + Phrase::name("lr") + " " + r.lr.str() +
                                       " is one per parameter group; the doctor replays one");
-  if (a.window >= 0 && a.window < diagnose::kMinCompareSteps)
+  if (a.at < -1) throw OptionError("at", "invalid " + Phrase::name("at") + " " + std::to_string(a.at) + ": a training step is >= 0");
+  if (a.window != -1 && a.window < diagnose::kMinCompareSteps)
     throw OptionError("window", "a " + Phrase::name("window") + " of " + std::to_string(a.window) +
                                     " step(s) is too short to judge; the comparison needs at least " +
                                     std::to_string(diagnose::kMinCompareSteps));

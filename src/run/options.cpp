@@ -381,10 +381,10 @@ std::vector<Option> make_table() {
   add(Def("at", "--at", ValueType::kInt, kD,
           "With --from: branch from the checkpoint of this training step (default: the newest the run went on "
           "from for a whole window, or the state a stopped run stopped in)")
-          .no_default().at_least(0).field<int64_t>(MIXTRAIN_ARGS(at)));
+          .no_default().field<int64_t>(MIXTRAIN_ARGS(at)));  // -1: chosen; checked by doctor_from
   add(Def("window", "--window", ValueType::kInt, kD,
           "With --from: training steps replayed in each arm (default: 100, or what the run has left; at least 8)")
-          .no_default().at_least(1).field<int64_t>(MIXTRAIN_ARGS(window)));
+          .no_default().field<int64_t>(MIXTRAIN_ARGS(window)));  // -1: the default; checked by doctor_from
   // Testing aids (mixtrain/callbacks/fault_injection.h), hidden from help.
   add(Def("interrupt_at_step", "--interrupt-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(interrupt_at_step)));
   add(Def("abort_at_step", "--abort-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(abort_at_step)));

@@ -37,6 +37,9 @@ const char* to_string(Verdict verdict);
 /// A mixed-precision final loss this many percent above fp32's is a real gap
 /// (the fp16 troubleshooting guide: "a few percent can be normal fp16 noise; a large gap is a real problem").
 constexpr double kGapPercentProblem = 10.0;
+/// Gaps to fp32 closer than this (in percentage points) are noise when choosing between
+/// equally cheap proven fixes: the first tried (the most targeted) is kept.
+constexpr double kGapNoisePercent = 1.0;
 /// Skipping more than this fraction of steps is a problem (also the end-of-fit warning's threshold).
 constexpr double kSkipRateProblem = 0.05;
 /// Skipping at least this fraction means gradients overflow on most steps.
@@ -157,7 +160,8 @@ struct Diagnosis {
   Evidence evidence;
   /// The candidate fixes tried after a problem verdict (diagnose::compare), in order.
   std::vector<Trial> trials;
-  /// The cheapest proven trial (fewest bytes per parameter, then the smallest gap),
+  /// The cheapest proven trial (fewest bytes per parameter; among equally cheap ones the
+  /// first tried, unless another's gap is more than kGapNoisePercent smaller),
   /// or none: then nothing was proven.
   std::optional<size_t> proven_fix;
   /// Where the trials stand: "running" while they run (what diagnose::compare's

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What `mixtrain doctor --from` costs against the doctor from scratch, and whether its cost
+# grows with the run. Two fp16 runs of the same model, 1 and 8 epochs (the mlp on 4096
+# Fashion-MNIST samples, bs 64: 64 and 512 steps, a checkpoint every 32), then:
+#   - doctor --from each, at the checkpoint 3/4 of the way through, a window of 32 steps;
+#   - the doctor from scratch on the 8-epoch run's flags.
+# Every doctor runs without trials (the model is healthy: none would run), so the times
+# are the pair of arms plus what each doctor adds. Prints seconds and the ratios.
+#   bench/branch_bench.sh [BUILD_DIR] [THREADS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+threads=${2:-1}
+cli="$build/tools/mixtrain/mixtrain"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+flags="--model mlp --limit 4096 --bs 64 --precision fp16 --threads $threads"
+
+seconds() {  # seconds the command took (its output goes to $tmp/log)
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$@" > "$tmp/log" 2>&1 || { [ $? -eq 1 ] || { cat "$tmp/log"; exit 1; }; }  # 1: a problem verdict
+  t1=$(date +%s.%N)
+  awk "BEGIN { print $t1 - $t0 }"
+}
+
+train1=$(seconds "$cli" train $flags --epochs 1 --save-every-steps 32 --out "$tmp/run1")
+train8=$(seconds "$cli" train $flags --epochs 8 --save-every-steps 32 --out "$tmp/run8")
+from1=$(seconds "$cli" doctor --from "$tmp/run1" --at 32 --window 32 --no-trials --out "$tmp/d1")
+from8=$(seconds "$cli" doctor --from "$tmp/run8" --at 384 --window 32 --no-trials --out "$tmp/d8")
+scratch8=$(seconds "$cli" doctor $flags --epochs 8 --no-trials --out "$tmp/ds8")
+matches=$(grep -o '"matches_run": [a-z]*' "$tmp/d8/diagnosis.json")
+printf "train 1 epoch %.2f s, 8 epochs %.2f s\n" "$train1" "$train8"
+printf "doctor --from the 1-epoch run %.2f s, the 8-epoch run %.2f s (%s): ratio %.2fx\n" "$from1" "$from8" "$matches" \
+  "$(awk "BEGIN { print $from8 / $from1 }")"
+printf "doctor from scratch on the 8-epoch run %.2f s: --from costs %.3fx of it\n" "$scratch8" "$(awk "BEGIN { print $from8 / $scratch8 }")"
