@@ -3,6 +3,7 @@
 #include "cli_util.h"
 #include "test_util.h"
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -103,6 +104,39 @@ TEST(CliBranchTest, TheDefaultCheckpointLeavesTheLongestWindowThereIs) {
   EXPECT_EQ(replay.at("step"), 8);
   EXPECT_EQ(replay.at("window"), 24);
   EXPECT_EQ(replay.at("matches_run"), true);
+}
+
+// train --from with the run's own flags is the run itself, continued in a new folder;
+// with another precision it finishes the schedule in that one, and the run's folder is untouched.
+TEST(CliBranchTest, TrainFromContinuesTheRunInANewFolderAndInAnotherPrecision) {
+  const std::string run = trained("branch_train_run", "--precision fp16");
+  const auto before = listing(run);
+  const std::string same = scratch_dir("branch_train_same");
+  CliResult r = run_cli("train --from " + run + " --at 8 --out " + same);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("a new run from " + run + "/checkpoint-8.pt (step 8"), std::string::npos) << r.out;
+  const auto a = model_tensors(run + "/checkpoint-32.pt"), b = model_tensors(same + "/checkpoint-32.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+  EXPECT_EQ(slurp(run + "/steps.csv"), slurp(same + "/steps.csv"));
+
+  const std::string other = scratch_dir("branch_train_bf16");
+  r = run_cli("train --from " + run + " --at 16 --precision bf16-pure --weight-update stochastic --out " + other);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto summary = read_json(other + "/summary.json");
+  EXPECT_EQ(summary.at("precision"), "bf16-pure");
+  EXPECT_EQ(summary.at("steps"), 32);  // the run's 16, then the 16 left
+  EXPECT_TRUE(std::isfinite(summary.at("valid_loss").get<double>()));
+  EXPECT_EQ(read_json(other + "/args.json").at("weight_update"), "stochastic");
+  EXPECT_EQ(listing(run), before) << "train --from wrote into the run's folder";
+
+  expect_usage_error("train --from " + run + " --at 8 --bs 32 --out " + scratch_dir("branch_train_bs"),
+                     "--bs would make it another run");
+  expect_usage_error("train --from " + run + " --at 8 --model cnn --out " + scratch_dir("branch_train_model"),
+                     "--model would make it another run");
+  expect_usage_error("train --from " + run + " --out " + scratch_dir("branch_train_end"), "finished its schedule");
+  expect_usage_error("train --from " + run + " --at 8 --out " + run, "give it its own --out");
+  expect_usage_error("train --from " + run + " --resume " + run, "do not pass --from");
 }
 
 TEST(CliBranchTest, BadInputIsOneLineAndWritesNothingIntoTheRun) {

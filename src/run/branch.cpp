@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 namespace mixtrain::run {
@@ -67,6 +68,41 @@ std::vector<std::string> saved_callback_keys(const std::string& checkpoint) {
   TORCH_CHECK(ar.try_read("mixtrain.callbacks", keys) && keys.isString(), "Checkpoint ", checkpoint,
               " has no callback list (damaged, or not a mixtrain checkpoint)");
   return split_keys(keys.toStringRef());
+}
+
+/// Loads `checkpoint` into `learn` as a resume does, carrying the state of callbacks the
+/// Learner does not have (the run record, trackers) in sinks that go again afterwards.
+void load_branch_point(Learner& learn, const std::string& checkpoint) {
+  std::vector<std::string> here;
+  for (const auto& cb : learn.cbs())
+    if (!cb->state_key().empty()) here.push_back(cb->state_key());
+  std::vector<CallbackPtr> sinks;
+  for (const auto& key : saved_callback_keys(checkpoint))
+    if (std::find(here.begin(), here.end(), key) == here.end()) sinks.push_back(std::make_shared<StateSink>(key));
+  for (const auto& s : sinks) learn.add_cb(s);
+  learn.load(checkpoint);
+  for (const auto& s : sinks) learn.remove_cb(s);
+}
+
+/// A trial's or a new run's precision on a Learner restored in the run's own: to fp32,
+/// then the new mode. A scaler whose settings did not change goes on at the run's scale.
+void convert_precision(Learner& learn, Precision precision, PrecisionOptions options, double clip,
+                       const PrecisionOptions& run_options) {
+  const auto pc = learn.precision_cb();
+  if (precision == Precision::kFp16 && pc && pc->loss_scaled() &&
+      options.scaler().init_scale() == run_options.scaler().init_scale()) {
+    amp::GradScalerOptions scaler = options.scaler();
+    scaler.init_scale(pc->loss_scale());
+    options.scaler(scaler);
+  }
+  learn.to_fp32();
+  if (precision != Precision::kFp32) learn.set_precision(precision, options);
+  if (clip > 0) learn.add_cb(std::make_shared<callbacks::GradientClip>(clip));
+}
+
+/// Whether the front end was given `o`: named in RunArgs::given, or set to other than its default.
+bool was_given(const Option& o, const RunArgs& a, const RunArgs& defaults) {
+  return std::find(a.given.begin(), a.given.end(), o.key) != a.given.end() || o.get(a) != o.get(defaults);
 }
 
 /// steps.csv as text: its header and rows, the values as the run wrote them.
@@ -213,7 +249,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   // The run's own flags: any other given is refused, rather than silently ignored.
   const RunArgs defaults = defaults_for(Command::kDoctor);
   for (const Option& o : options()) {
-    if (!o.stored || o.key == "threads" || o.get(a) == o.get(defaults)) continue;
+    if (!o.stored || o.key == "threads" || !was_given(o, a, defaults)) continue;
     throw OptionError(o.key, Phrase::name("from_run") + " replays the run with its own flags (" + from + "/args.json); drop " +
                                  Phrase::name(o.key));
   }
@@ -257,12 +293,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   const auto restored = [&](const std::string& checkpoint) {
     std::unique_ptr<Learner> learn = build_learner(b, split, /*progress=*/false);
     learn->set_precision(r.precision, own_options);
-    std::vector<std::string> here;
-    for (const auto& cb : learn->cbs())
-      if (!cb->state_key().empty()) here.push_back(cb->state_key());
-    for (const auto& key : saved_callback_keys(checkpoint))
-      if (std::find(here.begin(), here.end(), key) == here.end()) learn->add_cb(std::make_shared<StateSink>(key));
-    learn->load(checkpoint);
+    load_branch_point(*learn, checkpoint);
     return learn;
   };
 
@@ -349,18 +380,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
     if (arm == diagnose::Arm::kFp32) {
       learn->to_fp32();
     } else if (arm == diagnose::Arm::kTrial) {
-      // A trial that keeps the run's scaler settings goes on at the run's current scale.
-      PrecisionOptions options = trial.options;
-      const auto pc = learn->precision_cb();
-      if (trial.precision == Precision::kFp16 && pc && pc->loss_scaled() &&
-          options.scaler().init_scale() == own_options.scaler().init_scale()) {
-        amp::GradScalerOptions scaler = options.scaler();
-        scaler.init_scale(pc->loss_scale());
-        options.scaler(scaler);
-      }
-      learn->to_fp32();
-      learn->set_precision(trial.precision, options);
-      if (trial.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(trial.clip));
+      convert_precision(*learn, trial.precision, trial.options, trial.clip, own_options);
     }
     add_stop_callbacks(*learn, stop, /*keeps_checkpoints=*/false);
     return learn;
@@ -394,12 +414,120 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
     written.push_back(folder.file(name + ".svg"));
   }
   std::cout << "\n" << d.report(words);
+  if (d.proven_fix)
+    std::cout << "continue the run with it: mixtrain train --from " << from << " --at " << replay.step << " --out NEW_DIR "
+              << d.trials[*d.proven_fix].settings_in(flag_words()) << "\n";
   if (a.report_files) {
     std::cout << "written:";
     for (const auto& w : written) std::cout << " " << w;
   }
   std::cout << std::endl;
   return d;
+}
+
+namespace {
+/// A row of the precision mode's settings: the mode, or an option of it.
+bool sets_the_precision(const Option& o) {
+  return o.key == "precision" || o.key == "weight_update" || o.key == "dynamic" || !o.modes.empty();
+}
+/// What train --from may change: how the run computes, not what it trains on or how long.
+bool changes_only_how_it_computes(const Option& o) {
+  static const std::set<std::string> kept{"threads", "thread_policy", "clip", "save_every", "save_every_steps", "keep",
+                                          "max_bad_steps"};
+  return kept.count(o.key) > 0 || sets_the_precision(o);
+}
+} // namespace
+
+BranchStart start_from_run(RunArgs& a) {
+  BranchStart start;
+  start.from = a.from_run;
+  if (!a.resume.empty())
+    throw OptionError("from_run", Phrase::name("from_run") + " starts a new run from another run's checkpoint, " +
+                                      Phrase::name("resume") + " continues a run in its own folder: pass one of them");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(start.from, ec))
+    throw OptionError("from_run", Phrase::name("from_run") + " " + start.from + " is not a run folder (no such directory)");
+  try {
+    start.trained = RunFolder(start.from).read_config();
+  } catch (const c10::Error& e) {
+    throw OptionError("from_run", "cannot start from " + start.from + ": " + e.msg());
+  }
+  if (start.trained.ranks > 1)
+    throw OptionError("from_run", "cannot start from " + start.from + ": it was trained by " + std::to_string(start.trained.ranks) +
+                                      " data-parallel ranks (not supported yet)");
+  // The new run: the run's own flags, with the given ones that change only how it computes.
+  const RunArgs defaults = defaults_for(Command::kTrain);
+  RunArgs merged = a;
+  merged.config = start.trained;
+  for (const Option& o : options()) {
+    if (!o.stored || o.key == "ranks" || !was_given(o, a, defaults)) continue;
+    const std::string given = o.get(a);
+    if (!changes_only_how_it_computes(o))
+      throw OptionError(o.key, Phrase::name("from_run") + " continues " + start.from + "'s schedule on its model and data: " +
+                                   Phrase::name(o.key) + " would make it another run (drop it, or start a new run without " +
+                                   Phrase::name("from_run") + ")");
+    o.set(merged, given);
+  }
+  a.config = merged.config;
+  a.config.ranks = 1;
+  if (a.out.empty()) a.out = RunFolder::default_path("");
+  if (std::filesystem::weakly_canonical(a.out, ec) == std::filesystem::weakly_canonical(start.from, ec))
+    throw OptionError("out", Phrase::name("from_run") + " starts a new run: give it its own " + Phrase::name("out") +
+                                 ", not " + start.from);
+  const std::vector<std::string> checkpoints = callbacks::Checkpointer::newest_first(start.from);
+  if (checkpoints.empty())
+    throw OptionError("from_run", "cannot start from " + start.from + ": it holds no checkpoint");
+  if (a.at < -1) throw OptionError("at", "invalid " + Phrase::name("at") + " " + std::to_string(a.at) + ": a training step is >= 0");
+  if (a.at >= 0) {
+    for (const auto& c : checkpoints)
+      if (step_of(c) == a.at) start.checkpoint = c;
+    if (start.checkpoint.empty()) {
+      std::string steps;
+      for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) steps += (steps.empty() ? "" : ", ") + std::to_string(step_of(*it));
+      throw OptionError("at", start.from + " has no checkpoint at step " + std::to_string(a.at) + " (it has steps " + steps + ")");
+    }
+  } else {
+    start.checkpoint = checkpoints.front();
+    if (RunFolder(start.from).finished())
+      throw OptionError("at", start.from + " finished its schedule: its newest checkpoint leaves nothing to train; pick an "
+                                           "earlier one with " + Phrase::name("at"));
+  }
+  start.step = step_of(start.checkpoint);
+  return start;
+}
+
+void restore_branch(Learner& learn, const BranchStart& start, const RunConfig& now) {
+  const RunConfig& was = start.trained;
+  const PrecisionOptions run_options = PrecisionOptions(was.precision_options).rounding_seed(was.seed);
+  learn.set_precision(was.precision, run_options);
+  load_branch_point(learn, start.checkpoint);
+  const int64_t left = now.epochs * learn.dls().train.num_batches() - start.step;
+  if (left <= 0)
+    throw OptionError("at", start.checkpoint + " is the end of " + start.from + "'s schedule: nothing is left to train; pick an "
+                                               "earlier one with " + Phrase::name("at"));
+  // The same precision settings: the run's state goes on untouched (a resume in a new folder).
+  RunArgs before, after;
+  before.config = was;
+  after.config = now;
+  bool same = true;
+  for (const Option& o : options())
+    if (o.stored && sets_the_precision(o) && o.get(before) != o.get(after)) same = false;
+  if (same) {
+    add_fit_warning(learn, now.precision);
+    return;
+  }
+  // The new mode, with the run layer's own attachments (the end-of-fit warning); a scaler
+  // whose settings did not change goes on at the run's scale.
+  RunConfig mode = now;
+  const auto pc = learn.precision_cb();
+  if (now.precision == Precision::kFp16 && pc && pc->loss_scaled() &&
+      now.precision_options.scaler().init_scale() == was.precision_options.scaler().init_scale()) {
+    amp::GradScalerOptions scaler = mode.precision_options.scaler();
+    scaler.init_scale(pc->loss_scale());
+    mode.precision_options.scaler(scaler);
+  }
+  learn.to_fp32();
+  set_precision(learn, mode);
 }
 
 } // namespace mixtrain::run

@@ -265,6 +265,9 @@ RunTurn::~RunTurn() {
 
 TrainResult train(RunArgs a, const StopFlags& stop) {
   const RunTurn turn;
+  // --from: the other run's flags, with the given ones that change how it computes.
+  std::optional<BranchStart> branch;
+  if (!a.from_run.empty()) branch = start_from_run(a);
   validate(a, Command::kTrain);
   const RunConfig& r = a.config;
   const int threads = configure_threads(r.threads, thread_policy(r));
@@ -308,7 +311,10 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   // are checked before the run folder is written.
   const std::unique_ptr<Learner> learner = build_learner(a, split, writer);
   Learner& learn = *learner;
-  set_precision(learn, r);
+  if (branch)
+    restore_branch(learn, *branch, r);  // the branch point, in the new run's precision
+  else
+    set_precision(learn, r);
   if (a.resume.empty() && writer) start_folder(a, env.world_size);
   const RunFolder folder(a.out);
 
@@ -353,6 +359,9 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
     learn.load(checkpoint);
     std::cout << "mixtrain train: resuming " << a.out << " from " << checkpoint << std::endl;
   }
+  if (branch && writer)
+    std::cout << "mixtrain train: a new run from " << branch->checkpoint << " (step " << branch->step << " of "
+              << branch->from << "), precision " << precision_name(r.precision) << std::endl;
   if (a.abort_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<testing::AbortAt>(a.abort_at_step));
   if (a.inject_overflow_at_step >= 0 && last_rank)
     learn.add_cb(std::make_shared<testing::InjectOverflow>(std::set<int64_t>{a.inject_overflow_at_step}));

@@ -226,8 +226,11 @@ std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSpli
 void set_precision(Learner& learn, const RunConfig& config) {
   // Stochastic rounding draws from the run's seed: the same seed gives the same run on every rank.
   learn.set_precision(config.precision, PrecisionOptions(config.precision_options).rounding_seed(config.seed));
-  if (config.precision == Precision::kFp16 || config.precision == Precision::kBf16Pure)
-    learn.add_cb(std::make_shared<diagnose::FitWarning>());
+  add_fit_warning(learn, config.precision);
+}
+
+void add_fit_warning(Learner& learn, Precision precision) {
+  if (precision == Precision::kFp16 || precision == Precision::kBf16Pure) learn.add_cb(std::make_shared<diagnose::FitWarning>());
 }
 
 } // namespace mixtrain::run

@@ -374,17 +374,19 @@ std::vector<Option> make_table() {
           .at_least(0).field<int64_t>(MIXTRAIN_ARGS(max_trials)));
   add(Def("no_trials", "--no-trials", ValueType::kSwitch, kD, "Try no fixes: the verdict and its fixes only")
           .no_default().field<bool>(MIXTRAIN_ARGS(no_trials)));
-  add(Def("from_run", "--from", ValueType::kText, kD,
-          "Diagnose a run from its own checkpoint: replay a window of its training in fp32 and in its precision "
-          "(RUN_DIR holds args.json and checkpoints; the run's flags are its own)")
-          .no_default().field<std::string>(MIXTRAIN_ARGS(from_run)));
-  add(Def("at", "--at", ValueType::kInt, kD,
-          "With --from: branch from the checkpoint of this training step (default: the newest the run went on "
-          "from for a whole window, or the state a stopped run stopped in)")
-          .no_default().field<int64_t>(MIXTRAIN_ARGS(at)));  // -1: chosen; checked by doctor_from
+  add(Def("from_run", "--from", ValueType::kText, kT | kD,
+          "Start a new run (in --out) from RUN_DIR's checkpoint with the rest of its schedule; the run's own flags, "
+          "changed only in how it computes (precision and its options, clipping, threads, checkpoints)")
+          .in(Command::kDoctor, "Diagnose a run from its own checkpoint: replay a window of its training in fp32 and "
+                                "in its precision (RUN_DIR holds args.json and checkpoints; the run's flags are its own)")
+          .no_default().not_keyword().field<std::string>(MIXTRAIN_ARGS(from_run)));
+  add(Def("at", "--at", ValueType::kInt, kT | kD, "With --from: start from the checkpoint of this training step (default: the newest)")
+          .in(Command::kDoctor, "With --from: branch from the checkpoint of this training step (default: the newest "
+                                "the run went on from for a whole window, or the state a stopped run stopped in)")
+          .no_default().not_keyword().field<int64_t>(MIXTRAIN_ARGS(at)));  // -1: chosen; checked by doctor_from
   add(Def("window", "--window", ValueType::kInt, kD,
           "With --from: training steps replayed in each arm (default: 100, or what the run has left; at least 8)")
-          .no_default().field<int64_t>(MIXTRAIN_ARGS(window)));  // -1: the default; checked by doctor_from
+          .no_default().not_keyword().field<int64_t>(MIXTRAIN_ARGS(window)));  // -1: the default; checked by doctor_from
   // Testing aids (mixtrain/callbacks/fault_injection.h), hidden from help.
   add(Def("interrupt_at_step", "--interrupt-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(interrupt_at_step)));
   add(Def("abort_at_step", "--abort-at-step", ValueType::kInt, kT, "").hidden().field<int64_t>(MIXTRAIN_ARGS(abort_at_step)));

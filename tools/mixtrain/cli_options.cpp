@@ -37,6 +37,7 @@ run::RunArgs apply_flags(run::Command command, const GivenFlags& given) {
   for (const run::Option& o : run::options()) {
     const auto it = given.values.find(o.key);
     if (it == given.values.end()) continue;
+    args.given.push_back(o.key);
     try {
       o.set(args, it->second);
       // An empty value is a mistake (an unset shell variable), not the default in disguise:

@@ -29,4 +29,23 @@ constexpr int64_t kDefaultWindow = 100;
 /// flags that would change the run) throws OptionError or c10::Error naming it.
 diagnose::Diagnosis doctor_from(RunArgs args, const OptionWords& words, const StopFlags& stop);
 
+/// Where `mixtrain train --from RUN_DIR [--at STEP] --out NEW_DIR [flags]` starts.
+struct BranchStart {
+  std::string from;        ///< the run folder
+  std::string checkpoint;  ///< the checkpoint branched from
+  int64_t step = 0;        ///< its training step
+  RunConfig trained;       ///< the run's own args.json
+};
+/// For train --from: reads RUN_DIR/args.json and puts on top of it the flags `args` was
+/// given that change only how the run computes (the precision and its options, clipping,
+/// threads, checkpoints); any other (the model, the data, bs, the schedule) is refused
+/// naming it, since it would make another run. `args.config` becomes the new run's.
+/// Picks the checkpoint: RunArgs::at, or the newest. Throws OptionError / c10::Error.
+BranchStart start_from_run(RunArgs& args);
+/// Loads the branch point into `learn` (built for the new run, no precision attached
+/// yet): in the run's own precision, exactly as a resume would, then converted to
+/// `now`'s precision (run::set_precision), the loss scale carried over where the
+/// scaler's settings did not change. The next fit continues the run's schedule.
+void restore_branch(Learner& learn, const BranchStart& start, const RunConfig& now);
+
 } // namespace mixtrain::run

@@ -52,6 +52,9 @@ std::unique_ptr<Learner> build_learner(const RunArgs& args, const data::DatasetS
 /// weight updates (bf16-pure), attaches the end-of-fit warning
 /// (diagnose::FitWarning): train and lr_find want it, the doctor's runs do not.
 void set_precision(Learner& learn, const RunConfig& config);
+/// The end-of-fit warning (diagnose::FitWarning) for a mode that has one (fp16, bf16-pure):
+/// set_precision attaches it; a Learner whose mode came from a checkpoint gets it here.
+void add_fit_warning(Learner& learn, Precision precision);
 
 /// One forward and loss on the first two samples of `train` in eval mode, before
 /// anything is built on the model; returns the prediction (fp32). Throws

@@ -54,6 +54,10 @@ struct RunArgs {
   std::string from_run;         ///< doctor: replay a window from this run folder's checkpoint
   int64_t at = -1;              ///< doctor --from: the checkpoint's step (-1: chosen)
   int64_t window = -1;          ///< doctor --from: training steps replayed (-1: the default)
+  /// The keys the front end was given (the CLI's flags): with --from, a given option is
+  /// judged even when its value is the default (--model cnn against a run of the mlp).
+  /// Options not listed count as given when they differ from the default.
+  std::vector<std::string> given;
   /// A model in memory instead of config.model (the Python front door: the
   /// user's module). Called once per Learner the command builds, it returns a
   /// Model for `config` (its output and loss): the doctor builds several and
