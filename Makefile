@@ -14,9 +14,12 @@ CI_FUZZ_SECONDS ?= 30
 
 .PHONY: setup configure build demo check test sanitize-configure sanitize fuzz cuda-check bench install clean
 
-# make demo installs what the demo needs; the test targets ask for their tools too.
+# make demo installs what the demo needs; the test targets ask for their tools too. make test
+# also makes .venv-cuda (torch 2.14.1 with torchvision): the tests that load torchvision's
+# models (the ViT, resnet18 from Python) run only with it, and make cuda-check uses it.
 SETUP_ARGS ?=
-check test sanitize-configure sanitize fuzz: SETUP_ARGS = --test
+check sanitize-configure sanitize fuzz: SETUP_ARGS = --test
+test: SETUP_ARGS = --cuda
 
 setup:
 	bash scripts/setup.sh $(SETUP_ARGS)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What `mixtrain doctor --from` costs against the doctor from scratch, and whether its cost
-# grows with the run. Two fp16 runs of the same model, 1 and 8 epochs (the mlp on 4096
-# Fashion-MNIST samples, bs 64: 64 and 512 steps, a checkpoint every 32), then:
-#   - doctor --from each, at the checkpoint 3/4 of the way through, a window of 32 steps;
+# grows with the run. Two fp16 runs of the same model, 1 and 8 epochs (the mlp on 16384
+# Fashion-MNIST samples, bs 64: 256 and 2048 steps, a checkpoint every 64), then:
+#   - doctor --from each, at the checkpoint 3/4 of the way through, a window of 64 steps;
 #   - the doctor from scratch on the 8-epoch run's flags.
 # Every doctor runs without trials (the model is healthy: none would run), so the times
 # are the pair of arms plus what each doctor adds. Prints seconds and the ratios.
@@ -14,7 +14,7 @@ threads=${2:-1}
 cli="$build/tools/mixtrain/mixtrain"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-flags="--model mlp --limit 4096 --bs 64 --precision fp16 --threads $threads"
+flags="--model mlp --limit 16384 --bs 64 --precision fp16 --threads $threads"
 
 seconds() {  # seconds the command took (its output goes to $tmp/log)
   local t0 t1
@@ -24,13 +24,18 @@ seconds() {  # seconds the command took (its output goes to $tmp/log)
   awk "BEGIN { print $t1 - $t0 }"
 }
 
-train1=$(seconds "$cli" train $flags --epochs 1 --save-every-steps 32 --out "$tmp/run1")
-train8=$(seconds "$cli" train $flags --epochs 8 --save-every-steps 32 --out "$tmp/run8")
-from1=$(seconds "$cli" doctor --from "$tmp/run1" --at 32 --window 32 --no-trials --out "$tmp/d1")
-from8=$(seconds "$cli" doctor --from "$tmp/run8" --at 384 --window 32 --no-trials --out "$tmp/d8")
+train1=$(seconds "$cli" train $flags --epochs 1 --save-every-steps 64 --out "$tmp/run1")
+train8=$(seconds "$cli" train $flags --epochs 8 --save-every-steps 64 --out "$tmp/run8")
+from1=$(seconds "$cli" doctor --from "$tmp/run1" --at 192 --window 64 --no-trials --out "$tmp/d1")
+from8=$(seconds "$cli" doctor --from "$tmp/run8" --at 1536 --window 64 --no-trials --out "$tmp/d8")
 scratch8=$(seconds "$cli" doctor $flags --epochs 8 --no-trials --out "$tmp/ds8")
 matches=$(grep -o '"matches_run": [a-z]*' "$tmp/d8/diagnosis.json")
+# The replay's own seconds (restoring, both arms, their validations), without the process's
+# fixed costs (start, loading the data), which dominate runs this small.
+arms1=$(sed -n 's/.*"seconds": \([0-9.e+-]*\).*/\1/p' "$tmp/d1/diagnosis.json" | tail -1)
+arms8=$(sed -n 's/.*"seconds": \([0-9.e+-]*\).*/\1/p' "$tmp/d8/diagnosis.json" | tail -1)
 printf "train 1 epoch %.2f s, 8 epochs %.2f s\n" "$train1" "$train8"
 printf "doctor --from the 1-epoch run %.2f s, the 8-epoch run %.2f s (%s): ratio %.2fx\n" "$from1" "$from8" "$matches" \
   "$(awk "BEGIN { print $from8 / $from1 }")"
+printf "their replays alone (diagnosis.json replay.seconds): %.2f s and %.2f s\n" "$arms1" "$arms8"
 printf "doctor from scratch on the 8-epoch run %.2f s: --from costs %.3fx of it\n" "$scratch8" "$(awk "BEGIN { print $from8 / $scratch8 }")"

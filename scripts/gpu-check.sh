@@ -57,8 +57,10 @@ if [ "$mode" = gpu ]; then
   else
     extra+=("-DCMAKE_PREFIX_PATH=$prefix")
   fi
+  # The device's own torch, found as everywhere else: through its Python (cmake_prefix_path,
+  # torch's ABI flag and pybind11); pip's CUDA headers beside it fill a partial toolkit.
   run_step configure 120 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER= \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DMIXTRAIN_BUILD_EXAMPLES=OFF "${extra[@]}"
+    -DMIXTRAIN_PYTHON="$(command -v $py)" -DCMAKE_CUDA_ARCHITECTURES=90 -DMIXTRAIN_BUILD_EXAMPLES=OFF "${extra[@]}"
   run_step build 300 cmake --build build-gpu -j "$(nproc)" --target mixtrain_tests gpu_bench mixtrain_cli
   run_step cuda_tests 120 env MIXTRAIN_SCALE_SEQUENCE_OUT="$OUT/cpp_scales.txt" build-gpu/tests/mixtrain_tests \
     --gtest_filter='CudaTest.*:Fp32IslandsTest.*:HostReadsTest.*:AutocastTest.*:GradScalerTest.*:LossScaleRuleTest.*:PrecisionTest.*:DataParallelTest.*:PureBf16Test.*:ForwardPaths/PureBf16PathTest.*' --gtest_output="json:$OUT/tests.json"

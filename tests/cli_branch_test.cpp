@@ -139,6 +139,25 @@ TEST(CliBranchTest, TrainFromContinuesTheRunInANewFolderAndInAnotherPrecision) {
   expect_usage_error("train --from " + run + " --resume " + run, "do not pass --from");
 }
 
+// A run the NaN stop ended: its stop is shown as its own record, and a stop state whose
+// weights are no longer finite is passed over for the checkpoint before it, said in a note.
+TEST(CliBranchTest, AStoppedRunBranchesFromItsLastFiniteState) {
+  const std::string run = scratch_dir("branch_stopped");
+  const CliResult t = run_cli("train --model mlp --limit 2048 --bs 64 --epochs 2 --threads 1 --save-every-steps 8 "
+                              "--precision bf16 --inject-overflow-at-step 20 --out " + run);
+  ASSERT_EQ(t.code, 1) << t.out << t.err;
+  ASSERT_TRUE(fs::exists(run + "/checkpoint-21.pt"));
+  const std::string out = scratch_dir("branch_stopped_doctor");
+  const CliResult r = run_cli("doctor --from " + run + " --no-trials --out " + out);
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("the NaN stop: the loss became NaN at step 21"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checkpoint-21.pt are NaN/inf: branched from the checkpoint before it"), std::string::npos) << r.out;
+  const auto replay = read_json(out + "/diagnosis.json").at("replay");
+  EXPECT_EQ(replay.at("step"), 16);
+  EXPECT_EQ(replay.at("window"), 48);  // what the 64-step schedule has left
+  EXPECT_EQ(replay.at("matches_run"), true);  // steps 16-20 were recorded before the stop
+}
+
 TEST(CliBranchTest, BadInputIsOneLineAndWritesNothingIntoTheRun) {
   const std::string run = trained("branch_bad", "--precision fp16");
   const auto before = listing(run);
