@@ -438,7 +438,11 @@ class Diagnosis:
         return dict(self._dict, model_source=self.model_source)
 
     def __repr__(self):
-        return "<mixtrain.Diagnosis %s: %s>" % (self.verdict, self.headline)
+        # The headline starts with the verdict's name ("lost_updates: ..."): said once.
+        headline = self.headline
+        if headline.startswith(self.verdict + ": "):
+            headline = headline[len(self.verdict) + 2:]
+        return "<mixtrain.Diagnosis %s: %s>" % (self.verdict, headline)
 
     def __str__(self):
         return self.report

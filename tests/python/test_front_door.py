@@ -106,6 +106,8 @@ def test_the_doctor_names_an_overflowing_layer_and_proves_its_fix(tmp_path):
     assert "keep_fp32=" in d.fixes[0]
     assert d.model_source == "scripted with torch.jit.script"
     assert "<svg" in d._repr_html_() and "forward_overflow" in d._repr_html_()
+    assert repr(d).startswith("<mixtrain.Diagnosis forward_overflow: an fp16 activation overflows"), repr(d)
+    assert repr(d).count("forward_overflow") == 1, repr(d)  # the verdict is named once
     assert os.listdir(tmp_path) == []  # out=None writes nothing
 
 
