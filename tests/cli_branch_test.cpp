@@ -158,6 +158,40 @@ TEST(CliBranchTest, AStoppedRunBranchesFromItsLastFiniteState) {
   EXPECT_EQ(replay.at("matches_run"), true);  // steps 16-20 were recorded before the stop
 }
 
+// The seed guide's "fine for a while, then NaN": a model whose last layer's outputs grow
+// past fp16's range in its third epoch (fp32 is fine). The doctor from the NaN stop's state
+// names the op and module and proves the island from there; train --from with that island,
+// from a checkpoint before the trouble, finishes within 1.5% of the fp32 run's valid loss.
+TEST(CliBranchTest, ARunThatGoesNanMidTrainingIsDiagnosedAndContinuedFromItsCheckpoint) {
+  const std::string files = exported_by("export_growing.py");
+  const std::string flags = "--model " + files + "/growing_model.pt --data " + files +
+                            "/growing.pt --loss mse --bs 64 --epochs 6 --lr 0.3 --threads 1 ";
+  const std::string fp32 = scratch_dir("branch_growing_fp32"), run = scratch_dir("branch_growing_fp16");
+  ASSERT_EQ(run_cli("train " + flags + "--out " + fp32).code, 0);
+  const CliResult t = run_cli("train " + flags + "--precision fp16 --save-every-steps 16 --out " + run);
+  ASSERT_EQ(t.code, 1) << t.out << t.err;  // the NaN stop, mid-training
+  EXPECT_NE(t.err.find("mixtrain: stopped: the loss was NaN/inf"), std::string::npos) << t.err;
+  ASSERT_TRUE(fs::exists(run + "/checkpoint-32.pt"));
+
+  const std::string out = scratch_dir("branch_growing_doctor");
+  const CliResult r = run_cli("doctor --from " + run + " --out " + out);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("branched from the state it stopped in"), std::string::npos) << r.out;
+  const auto j = read_json(out + "/diagnosis.json");
+  EXPECT_EQ(j.at("verdict"), "forward_overflow");
+  EXPECT_EQ(j.at("evidence").at("first_overflow").at("where"), "head (aten::linear)") << j.at("evidence");
+  ASSERT_FALSE(j.at("proven_fix").is_null()) << r.out;
+  EXPECT_EQ(j.at("proven_fix").at("flags"), "--keep-fp32 head");
+  EXPECT_NE(r.out.find("continue the run with it: mixtrain train --from " + run), std::string::npos) << r.out;
+
+  const std::string cont = scratch_dir("branch_growing_continued");
+  const CliResult c = run_cli("train --from " + run + " --at 32 --keep-fp32 head --out " + cont);
+  ASSERT_EQ(c.code, 0) << c.out << c.err;
+  const double base = read_json(fp32 + "/summary.json").at("valid_loss"), fixed = read_json(cont + "/summary.json").at("valid_loss");
+  EXPECT_TRUE(std::isfinite(fixed));
+  EXPECT_LT(std::abs(fixed - base) / base, 0.015) << "fp32 " << base << ", continued with the island " << fixed;
+}
+
 TEST(CliBranchTest, BadInputIsOneLineAndWritesNothingIntoTheRun) {
   const std::string run = trained("branch_bad", "--precision fp16");
   const auto before = listing(run);

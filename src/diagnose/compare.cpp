@@ -377,8 +377,11 @@ RunEvidence replay_window(Learner& learn, const CompareOptions& o, int64_t windo
   else
     learn.fit(o.epochs(), o.lr(), stop);
   RunEvidence r = summarize_steps(learn, from, precision);
-  const auto& steps = learn.recorder().steps();
-  if (steps.size() > from) r.final_loss = steps.back().smooth_loss;
+  // The window's own end: the mean of its last (up to 5) losses, as first_loss is of its
+  // first. Not the Recorder's smoothed loss, which carries the run's history before the
+  // window (a NaN the run met before it stopped would stay in it).
+  const size_t tail = std::min<size_t>(5, r.losses.size());
+  if (tail > 0) r.final_loss = std::accumulate(r.losses.end() - static_cast<std::ptrdiff_t>(tail), r.losses.end(), 0.0) / tail;
   const std::vector<double> v = learn.validate();  // the loss, then the metrics
   if (!v.empty()) {
     r.valid_loss = v[0];
