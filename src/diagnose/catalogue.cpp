@@ -83,6 +83,15 @@ std::optional<Ruling> cannot_run(RuleInput& in) {
   return r;
 }
 
+/// "step 12 (epoch 0)" for a run from scratch; "the window's step 0 (its epoch 0)" for a
+/// window replayed from a checkpoint (first_step > 0), whose steps count from the branch point.
+std::string at_step(const RunEvidence& r, int64_t step, int64_t epoch = -1) {
+  const bool window = r.first_step > 0;
+  std::string out = (window ? "the window's step " : "step ") + std::to_string(step);
+  if (epoch >= 0) out += (window ? " (its epoch " : " (epoch ") + std::to_string(epoch) + ")";
+  return out;
+}
+
 // ---- broken_in_fp32: the baseline fails too ------------------------------------
 
 // If the fp32 baseline fails and the mixed run does no better, fp16 is not the
@@ -120,7 +129,7 @@ std::optional<Ruling> baseline_fails(RuleInput& in) {
     add_input_findings(in.e, r.findings);
     if (nonfinite)
       r.findings.push_back("the fp32 baseline fails too: " + std::to_string(base->scale.nonfinite_losses) +
-                           " NaN/Inf losses, the first at step " + std::to_string(base->scale.first_nonfinite_step));
+                           " NaN/Inf losses, the first at " + at_step(*base, base->scale.first_nonfinite_step));
     else if (!loss_fell)
       r.findings.push_back("the fp32 baseline does not learn: loss " + short_number(base->first_loss) + " -> " +
                            short_number(base->final_loss));
@@ -164,8 +173,8 @@ std::optional<Ruling> activation_overflows(RuleInput& in) {
   Ruling r;
   if (overflow) r.findings.push_back(overflow_sentence(*overflow));
   if (s && s->nonfinite_losses > 0)
-    r.findings.push_back(std::to_string(s->nonfinite_losses) + " " + in.mixed_name + " losses were NaN/Inf, the first at step " +
-                         std::to_string(s->first_nonfinite_step) + " (epoch " + std::to_string(s->first_nonfinite_epoch) + ")");
+    r.findings.push_back(std::to_string(s->nonfinite_losses) + " " + in.mixed_name + " losses were NaN/Inf, the first at " +
+                         at_step(*in.mixed, s->first_nonfinite_step, s->first_nonfinite_epoch));
   add_input_findings(in.e, r.findings);
   // Fixes that follow the measurements: the inputs only when the input check
   // found them unnormalized; the scaler never (the loss scale does not touch the
@@ -234,8 +243,8 @@ std::optional<Ruling> gradients_keep_overflowing(RuleInput& in) {
   r.findings.push_back(scale_sentence(*s));
   if (s->collapsed) r.findings.push_back("the loss scale collapsed (repeated back-off down to " + short_number(s->min_scale) + ")");
   if (s->nonfinite_losses > 0)
-    r.findings.push_back(std::to_string(s->nonfinite_losses) + " losses were NaN/Inf mid-training, the first at step " +
-                         std::to_string(s->first_nonfinite_step));
+    r.findings.push_back(std::to_string(s->nonfinite_losses) + " losses were NaN/Inf mid-training, the first at " +
+                         at_step(*in.mixed, s->first_nonfinite_step));
   const auto& g = in.e.gradients;
   if (g && g->overflow > 0)
     r.findings.push_back(pct(g->overflow) + " of gradient elements overflow fp16 at scale " + short_number(g->scale) +
