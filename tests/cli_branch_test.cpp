@@ -163,7 +163,7 @@ TEST(CliBranchTest, AStoppedRunBranchesFromItsLastFiniteState) {
 // names the op and module and proves the island from there; train --from with that island,
 // from a checkpoint before the trouble, finishes within 1.5% of the fp32 run's valid loss.
 TEST(CliBranchTest, ARunThatGoesNanMidTrainingIsDiagnosedAndContinuedFromItsCheckpoint) {
-  const std::string files = exported_by("export_growing.py");
+  const std::string files = exported_by("export_branch_models.py");
   const std::string flags = "--model " + files + "/growing_model.pt --data " + files +
                             "/growing.pt --loss mse --bs 64 --epochs 6 --lr 0.3 --threads 1 ";
   const std::string fp32 = scratch_dir("branch_growing_fp32"), run = scratch_dir("branch_growing_fp16");
@@ -190,6 +190,28 @@ TEST(CliBranchTest, ARunThatGoesNanMidTrainingIsDiagnosedAndContinuedFromItsChec
   const double base = read_json(fp32 + "/summary.json").at("valid_loss"), fixed = read_json(cont + "/summary.json").at("valid_loss");
   EXPECT_TRUE(std::isfinite(fixed));
   EXPECT_LT(std::abs(fixed - base) / base, 0.015) << "fp32 " << base << ", continued with the island " << fixed;
+}
+
+// The stall pure bf16 meets in the low-lr tail of its schedule: from a checkpoint in the
+// last fifth the doctor says lost_updates and proves a cure; from the peak it does not.
+TEST(CliBranchTest, ABf16PureRunThatStallsInItsCooldownIsLostUpdatesThereAndNotAtThePeak) {
+  const std::string files = exported_by("export_branch_models.py");
+  const std::string run = scratch_dir("branch_stalling");
+  const CliResult t = run_cli("train --model " + files + "/stalling_model.pt --data " + files +
+                              "/linear.pt --loss mse --bs 64 --epochs 5 --lr 2e-2 --threads 1 --precision bf16-pure "
+                              "--save-every-steps 16 --out " + run);  // 320 steps, the peak at 80
+  ASSERT_EQ(t.code, 0) << t.out << t.err;
+  const std::string late = scratch_dir("branch_stalling_late"), peak = scratch_dir("branch_stalling_peak");
+  const CliResult r = run_cli("doctor --from " + run + " --at 256 --max-trials 2 --out " + late);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  const auto j = read_json(late + "/diagnosis.json");
+  EXPECT_EQ(j.at("verdict"), "lost_updates") << r.out;
+  EXPECT_EQ(j.at("replay").at("window"), 64);  // what the schedule has left
+  ASSERT_FALSE(j.at("proven_fix").is_null()) << r.out;
+  EXPECT_EQ(j.at("proven_fix").at("flags"), "--weight-update stochastic");
+  const CliResult p = run_cli("doctor --from " + run + " --at 80 --max-trials 2 --out " + peak);
+  EXPECT_EQ(p.code, 0) << p.out << p.err;
+  EXPECT_EQ(read_json(peak + "/diagnosis.json").at("verdict"), "healthy") << p.out;
 }
 
 TEST(CliBranchTest, BadInputIsOneLineAndWritesNothingIntoTheRun) {

@@ -181,7 +181,9 @@ std::optional<LostUpdateReport> PureBf16::lost_updates() const {
   r.lost = total.lost;
   r.fraction = total.fraction();
   r.norm_ratio = total.norm_ratio();
-  for (const auto& e : per_epoch_) r.fraction_per_epoch.push_back(e.fraction());
+  // An epoch that took no update (a replayed window that begins at an epoch's end) says nothing.
+  for (const auto& e : per_epoch_)
+    if (e.intended > 0) r.fraction_per_epoch.push_back(e.fraction());
   if (epoch_now_.intended > 0) r.fraction_per_epoch.push_back(epoch_now_.fraction());
   std::vector<LostUpdateReport::Param> rows;
   for (const auto& p : params_) {
