@@ -296,9 +296,19 @@ TEST_P(PureBf16PathTest, TheDoctorSaysLostUpdatesAndProvesTheCheapestCure) {
   ASSERT_EQ(d.verdict, diagnose::Verdict::kLostUpdates) << d.report();
   EXPECT_TRUE(test::contains(d.findings, "rounded to no change")) << d.report();
   EXPECT_TRUE(test::contains(d.findings, "norm.weight")) << d.report();
-  EXPECT_TRUE(test::contains(d.fixes, "--weight-update stochastic") || test::contains(d.fixes, "weight_update(stochastic)"))
+  EXPECT_TRUE(test::contains(d.fixes, "--weight-update stochastic") ||
+              test::contains(d.fixes, "weight_update(amp::WeightUpdate::kStochastic)"))
       << d.report();
   ASSERT_TRUE(d.proven_fix) << d.report();
+  // The report's library line is the real call: the same text compiles here.
+#define MIXTRAIN_REPORTED_CURE PrecisionOptions().weight_update(amp::WeightUpdate::kStochastic)
+  [[maybe_unused]] const PrecisionOptions compiled = MIXTRAIN_REPORTED_CURE;
+#define MIXTRAIN_TEXT_OF(x) #x
+#define MIXTRAIN_TEXT(x) MIXTRAIN_TEXT_OF(x)
+  EXPECT_EQ(nlohmann::json::parse(d.to_json()).at("proven_fix").at("api"), MIXTRAIN_TEXT(MIXTRAIN_REPORTED_CURE)) << d.report();
+#undef MIXTRAIN_TEXT
+#undef MIXTRAIN_TEXT_OF
+#undef MIXTRAIN_REPORTED_CURE
   const diagnose::Trial& cure = d.trials[*d.proven_fix];
   // The cheapest proven: no trial that trained like fp32 costs fewer bytes per parameter.
   for (const auto& t : d.trials)

@@ -2,6 +2,7 @@
 
 #include "util/comma_list.h"
 #include <algorithm>
+#include <cctype>
 #include <map>
 
 namespace mixtrain {
@@ -47,6 +48,11 @@ const OptionWords& api_words() {
         if (key == "no_emulation") return std::string("allow_fp16_emulation(") + (value == "true" ? "false" : "true") + ")";
         if (key == "lr") return "fit_one_cycle(epochs, " + value + ")";
         if (key == "keep_fp32") return "PrecisionOptions().keep_fp32({" + detail::quoted_list(value) + "})";
+        if (key == "weight_update") {  // the enum's constant, so that the line compiles as printed
+          std::string constant = value;
+          if (!constant.empty()) constant[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(constant[0])));
+          return "PrecisionOptions().weight_update(amp::WeightUpdate::k" + constant + ")";
+        }
         const auto home = api_homes().find(key);
         return (home == api_homes().end() ? std::string("RunConfig().") : home->second) + key + "(" + value + ")";
       }};
