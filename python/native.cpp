@@ -12,6 +12,7 @@
 #include <mixtrain/callbacks/stop_on_request.h>
 #include <mixtrain/data/data.h>
 #include <mixtrain/util/option_error.h>
+#include <mixtrain/run/branch.h>
 #include <mixtrain/run/commands.h>
 #include <mixtrain/models/scripted_model.h>
 
@@ -117,6 +118,30 @@ torch::jit::Module copy_of(const torch::jit::Module& script) {
   return copy;
 }
 
+/// The training loop's optimizer as the Python half hands it over: {"optimizer": "adamw",
+/// "groups": [{"params": [names], "lr": ..., ...}], "state": {name: {key: tensor}}}.
+std::shared_ptr<const run::LoopState> loop_state(const py::dict& d) {
+  auto loop = std::make_shared<run::LoopState>();
+  loop->optimizer = d["optimizer"].cast<std::string>();
+  for (const auto& item : d["groups"].cast<py::list>()) {
+    const auto g = item.cast<py::dict>();
+    run::LoopState::Group group;
+    group.params = g["params"].cast<std::vector<std::string>>();
+    group.lr = g["lr"].cast<double>();
+    group.weight_decay = g["weight_decay"].cast<double>();
+    group.eps = g["eps"].cast<double>();
+    group.beta1 = g["beta1"].cast<double>();
+    group.beta2 = g["beta2"].cast<double>();
+    group.momentum = g["momentum"].cast<double>();
+    group.dampening = g["dampening"].cast<double>();
+    group.nesterov = g["nesterov"].cast<bool>();
+    group.amsgrad = g["amsgrad"].cast<bool>();
+    loop->groups.push_back(std::move(group));
+  }
+  loop->state = d["state"].cast<std::map<std::string, std::map<std::string, at::Tensor>>>();
+  return loop;
+}
+
 /// One run of `command` on the caller's module (torch._C.ScriptModule) and tensors.
 /// `settings` are keyword arguments as the table's text; `out` the run folder
 /// (the Python half passes a temporary one when the caller gave none, and
@@ -124,33 +149,43 @@ torch::jit::Module copy_of(const torch::jit::Module& script) {
 py::dict run_command(const std::string& command, const py::object& script_object, const std::string& model_name,
                      const std::vector<at::Tensor>& x, const at::Tensor& y, const std::vector<at::Tensor>& valid_x,
                      const c10::optional<at::Tensor>& valid_y, const std::map<std::string, std::string>& settings,
-                     const std::string& out, bool keep_files) {
+                     const std::string& out, bool keep_files, const py::object& loop) {
   const run::Command c = command_of(command);
   run::RunArgs args = run::defaults_for(c);
   for (const auto& [key, text] : settings) {
     const run::Option* o = run::find_option(key);
-    if (!o || !o->takes(c) || o->hidden || !o->keyword)
+    // doctor(from_run=, at=, window=) are the Python half's own keywords (the table keeps them off
+    // every command's signature: train --from needs a folder of its own, which Python's train has not).
+    const bool branch_key = c == run::Command::kDoctor && (key == "from_run" || key == "at" || key == "window");
+    if (!o || !o->takes(c) || o->hidden || (!o->keyword && !branch_key))
       throw py::type_error(std::string(run::command_name(c)) + "() got an unexpected keyword argument '" + key + "'");
     o->set(args, text);  // an OptionError: ValueError, in Python's words
   }
   args.out = out;
   args.report_files = keep_files;
-  args.config.model = model_name;  // reports name it; the model itself comes from model_source
-  args.config.data = "";
-  try {
-    args.data_source = std::make_shared<const mixtrain::data::DatasetSplit>(mixtrain::data::tensor_split(
-        x, y, valid_x, valid_y ? *valid_y : at::Tensor(), args.config.seed, "data"));
-  } catch (const c10::Error& e) {
-    throw py::value_error(e.what_without_backtrace());
+  if (!loop.is_none()) args.loop = loop_state(loop.cast<py::dict>());
+  const bool has_model = !script_object.is_none();  // None: doctor(from_run=) of a run the CLI trained
+  if (args.from_run.empty()) {
+    args.config.model = model_name;  // reports name it; the model itself comes from model_source
+    args.config.data = "";
+  }
+  if (has_model) {
+    try {
+      args.data_source = std::make_shared<const mixtrain::data::DatasetSplit>(mixtrain::data::tensor_split(
+          x, y, valid_x, valid_y ? *valid_y : at::Tensor(), args.config.seed, "data"));
+    } catch (const c10::Error& e) {
+      throw py::value_error(e.what_without_backtrace());
+    }
   }
   // TorchScript's module type is registered by torch's own extension; the
   // pybind11 internals are shared (same compiler ABI), so this is no copy.
-  const torch::jit::Module script = script_object.cast<torch::jit::Module>();
+  const torch::jit::Module script = has_model ? script_object.cast<torch::jit::Module>() : torch::jit::Module();
   // train trains the caller's module in place; the doctor and lr_find work on copies.
   const bool in_place = c == run::Command::kTrain;
-  args.model_source = [script, in_place, model_name](const run::RunConfig& config) {
-    return mixtrain::scripted_model(in_place ? script : copy_of(script), config.output, config.loss == mixtrain::LossKind::kModel, model_name);
-  };
+  if (has_model)
+    args.model_source = [script, in_place, model_name](const run::RunConfig& config) {
+      return mixtrain::scripted_model(in_place ? script : copy_of(script), config.output, config.loss == mixtrain::LossKind::kModel, model_name);
+    };
   // bf16-master stores the model in bf16 while it trains; the caller's module gets its dtypes back, also after Ctrl-C.
   struct DtypesRestored {
     std::vector<std::pair<at::Tensor, c10::ScalarType>> dtypes;
@@ -160,7 +195,8 @@ py::dict run_command(const std::string& command, const py::object& script_object
         if (p.scalar_type() != dtype) p.set_data(p.to(dtype));
     }
   } restored;
-  for (const auto& p : script.named_parameters()) restored.dtypes.emplace_back(p.value, p.value.scalar_type());
+  if (has_model)
+    for (const auto& p : script.named_parameters()) restored.dtypes.emplace_back(p.value, p.value.scalar_type());
 
   // Runs take turns (the streams redirected below are the process's); waiting for one
   // must not hold the GIL, which the run in progress needs to print.
@@ -259,7 +295,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("loss_takes_targets", [](const std::string& loss) { return mixtrain::parse_loss(loss) == mixtrain::LossKind::kModel; },
         py::arg("loss"));
   m.def("run", &run_command, py::arg("command"), py::arg("script"), py::arg("model_name"), py::arg("x"), py::arg("y"),
-        py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"), py::arg("keep_files"));
+        py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"), py::arg("keep_files"),
+        py::arg("loop") = py::none());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -86,6 +86,11 @@ torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& o
   return it == state.end() ? nullptr : it->second.get();
 }
 
+void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p,
+                         std::unique_ptr<torch::optim::OptimizerParamState> state) {
+  optimizer.state()[p.unsafeGetTensorImpl()] = std::move(state);
+}
+
 void move_optimizer_state(torch::optim::Optimizer& from, const at::Tensor& from_param, torch::optim::Optimizer& to,
                           const at::Tensor& to_param) {
   auto& state = from.state();

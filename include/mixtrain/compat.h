@@ -7,6 +7,8 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <memory>
+
 namespace at { class Tensor; }
 namespace torch::optim { class Optimizer; class OptimizerParamState; }
 
@@ -30,6 +32,9 @@ void set_autocast_cache_enabled(bool enabled);
 bool cpu_has_native_bf16();
 /// The optimizer's state for parameter `p`, or nullptr before its first step.
 torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p);
+/// Sets the optimizer's state for parameter `p` (a restored one: a training loop's).
+void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p,
+                         std::unique_ptr<torch::optim::OptimizerParamState> state);
 /// Moves the optimizer state of `from_param` in `from` to `to_param` in `to` (the same
 /// optimizer or a rebuilt one: master weights swap the tensors an optimizer steps); no-op
 /// before its first step. The state's tensors must fit `to_param` (the caller checks shapes).

@@ -329,7 +329,8 @@ def _check_model(model):
                          "model.float()")
 
 
-def _call(command, model, data, valid, out, options, max_samples):
+def _settings(command, options):
+    """The keyword arguments as the option table's text, each checked against its row."""
     rows = {r["key"]: r for r in _rows(command)}
     settings = {}
     for key, value in options.items():
@@ -338,10 +339,22 @@ def _call(command, model, data, valid, out, options, max_samples):
         text = _text(rows[key], value)
         if text is not None:
             settings[key] = text
+    return rows, settings
+
+
+def _call(command, model, data, valid, out, options, max_samples, extra=None, window=None, loop=None):
+    """One run on the caller's model. `extra`: settings the call adds itself (doctor's
+    from_run, a loop's precision); `window`: (xs, y), the training loop's next batches, in
+    order (the data then); `loop`: that loop's optimizer state for the native half."""
+    rows, settings = _settings(command, options)
+    settings.update(extra or {})
     seed = int(settings.get("seed", rows["seed"]["default"]))
-    xs, y = _drawn(data, "data", max_samples, seed)
+    xs, y = window if window is not None else _drawn(data, "data", max_samples, seed)
     valid_xs, valid_y = _drawn(valid, "valid", max_samples, seed) if valid is not None else ([], None)
-    if valid is None and int(len(y) * 0.2) < 1:
+    if window is not None and valid is None:
+        valid_xs, valid_y = xs, y  # the window's own samples: the same for both arms
+        print("mixtrain: notice: no valid= given: each arm is validated on the window's own %d samples" % len(y))
+    if valid is None and window is None and int(len(y) * 0.2) < 1:
         raise ValueError("data has %d sample%s: too few to keep 20%% for validation; pass more, or valid=(x, y)" %
                          (len(y), "" if len(y) == 1 else "s"))
     _check_model(model)
@@ -369,7 +382,7 @@ def _call(command, model, data, valid, out, options, max_samples):
     try:
         script, name, how = _scripted(model, xs, y, loss)
         _check_forward_takes_tensors(script)
-        native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder, run.keep)
+        native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder, run.keep, loop)
         if command == "train":
             _say_what_is_handed_back(stored, precision)
         return native, script, how, run
@@ -512,8 +525,153 @@ class LrFind:
         return self.svg
 
 
-def doctor(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **options):
-    native, script, how, run = _call("doctor", model, data, valid, out, options, max_samples)
+# The torch.optim optimizers a training loop's state is read from, as the Learner names them.
+_LOOP_OPTIMIZERS = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd"}
+
+
+def _number(v):
+    return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
+
+
+def _loop_state(model, optimizer):
+    """What the native half needs of a torch.optim optimizer: its kind, its param groups
+    (by the model's parameter names) and each parameter's state, as fp32 tensors."""
+    kind = _LOOP_OPTIMIZERS.get(type(optimizer))
+    if kind is None:
+        raise ValueError("optimizer is a %s: the doctor takes the state of torch.optim.AdamW, Adam or SGD" %
+                         type(optimizer).__name__)
+    names = {}
+    for name, p in model.named_parameters():
+        names.setdefault(id(p), name)
+    groups, held = [], set()
+    for g in optimizer.param_groups:
+        if g.get("maximize"):
+            raise ValueError("optimizer has maximize=True: the doctor minimizes the loss; pass an optimizer that does")
+        if kind == "adam" and g.get("decoupled_weight_decay"):
+            raise ValueError("optimizer is Adam with decoupled_weight_decay=True: pass it as torch.optim.AdamW")
+        params = []
+        for p in g["params"]:
+            if id(p) not in names:
+                raise ValueError("optimizer holds a tensor of shape %s that is not a parameter of the model: pass the "
+                                 "optimizer that trains this model" % (tuple(p.shape),))
+            params.append(names[id(p)])
+            held.add(id(p))
+        betas = g.get("betas", (0.9, 0.999))
+        groups.append(dict(params=params, lr=_number(g["lr"]), weight_decay=_number(g.get("weight_decay", 0)),
+                           eps=_number(g.get("eps", 1e-8)), beta1=_number(betas[0]), beta2=_number(betas[1]),
+                           momentum=_number(g.get("momentum", 0)), dampening=_number(g.get("dampening", 0)),
+                           nesterov=bool(g.get("nesterov", False)), amsgrad=bool(g.get("amsgrad", False))))
+    if not groups:
+        raise ValueError("optimizer holds no parameters")
+    if len({g["lr"] for g in groups}) > 1:
+        raise ValueError("optimizer's param groups have different learning rates (%s): the doctor replays one" %
+                         ", ".join("%g" % g["lr"] for g in groups))
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in held:
+            raise ValueError("the model's parameter %s is not in the optimizer, so your loop does not train it but the "
+                             "doctor would: freeze it (requires_grad_(False)) or add it to the optimizer" % name)
+    state = {}
+    for p in (p for g in optimizer.param_groups for p in g["params"]):
+        name, st = names[id(p)], optimizer.state.get(p)
+        if st:
+            state[name] = {k: (v.detach().to("cpu", torch.float32) if v.dim() else torch.tensor(float(v.item())))
+                           if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+                           for k, v in st.items() if isinstance(v, (torch.Tensor, numbers.Real))}
+    return dict(optimizer=kind, groups=groups, state=state)
+
+
+def _loop_window(data, steps, bs):
+    """The training loop's next `steps` batches of `data`, in order, as (xs, y) and their
+    batch size: an iterable of (x, y) batches (a DataLoader, or an iterator where the loop
+    stands) gives its next batches; (x, y) tensors give their first steps * bs samples."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and _as_tensor(data[1]) is not None:
+        xs, y = _tensors(data, "data")
+        if len(y) < steps * bs:
+            raise ValueError("data holds %d samples: too few for steps=%d batches of bs=%d" % (len(y), steps, bs))
+        return [t[:steps * bs] for t in xs], y[:steps * bs], bs
+    if not hasattr(data, "__iter__") or isinstance(data, (str, bytes, dict, torch.Tensor)):
+        raise ValueError("data must be (x, y) tensors or an iterable of (x, y) batches (a DataLoader) for steps=; got %s" %
+                         type(data).__name__)
+    batches = []
+    for batch in data:
+        batches.append(batch)
+        if len(batches) == steps:
+            break
+    if len(batches) < steps:
+        raise ValueError("data gave %d batch%s: too few for steps=%d" % (len(batches), "" if len(batches) == 1 else "es",
+                                                                       steps))
+    xs, y = _stacked(batches, "data")
+    sizes = [len(_pair(b)[1]) if _pair(b) else 0 for b in batches]
+    if len(set(sizes)) != 1:
+        raise ValueError("data's batches hold different numbers of samples (%s): the window replays batches of one size" %
+                         ", ".join(str(n) for n in sorted(set(sizes))))
+    return xs, y, sizes[0]
+
+
+def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMPLES, optimizer=None, scaler=None,
+           steps=None, from_run=None, at=None, window=None, **options):
+    loop_given = optimizer is not None or scaler is not None or steps is not None
+    if from_run is not None:
+        if loop_given:
+            raise ValueError("from_run= branches from a run folder's checkpoint, optimizer=/scaler=/steps= from a "
+                             "training loop's state: pass one or the other")
+        if (model is None) != (data is None):
+            raise ValueError("doctor(from_run=...) takes the run's model and data together (a run trained from Python), "
+                             "or neither (a run the CLI trained, whose folder names them)")
+        extra = {"from_run": os.fspath(from_run)}
+        for key, value in (("at", at), ("window", window)):
+            if value is not None:
+                if not _is_integer(value):
+                    raise ValueError("invalid %s=%r: an integer" % (key, value))
+                extra[key] = str(int(value))
+        if model is None:
+            _, settings = _settings("doctor", options)
+            settings.update(extra)
+            run = _Run(out)
+            try:
+                native = _native.run("doctor", None, "", [], torch.empty(0), [], None, settings, run.folder, run.keep)
+            finally:
+                run.close()
+            return Diagnosis(native, "the run's own model (%s)" % extra["from_run"], dict(native["charts"]))
+        native, script, how, run = _call("doctor", model, data, valid, out, options, max_samples, extra=extra)
+        run.close()
+        return Diagnosis(native, how, dict(native["charts"]))
+    if at is not None or window is not None:
+        raise ValueError("at= and window= pick what from_run= replays; without it the doctor trains both runs from scratch")
+    if model is None or data is None:
+        raise TypeError("doctor() needs the model and data (or from_run=, a run folder)")
+    if not loop_given:
+        native, script, how, run = _call("doctor", model, data, valid, out, options, max_samples)
+        run.close()
+        return Diagnosis(native, how, dict(native["charts"]))
+    # A training loop's state: the next `steps` batches from the model's weights and the optimizer's state.
+    if optimizer is None or steps is None:
+        raise ValueError("a training loop's state takes optimizer= and steps= (scaler= with a GradScaler)")
+    if not _is_integer(steps) or steps < 8:
+        raise ValueError("invalid steps=%r: an integer >= 8 (the comparison needs at least 8 steps)" % (steps,))
+    for key in ("lr", "epochs", "bs"):
+        if key in options:
+            raise ValueError("%s= comes from the training loop (the optimizer's lr, one window of steps= batches of "
+                             "data's size); drop it" % key)
+    if not isinstance(model, torch.nn.Module) or isinstance(model, torch.jit.ScriptModule):
+        raise ValueError("optimizer= needs the eager torch.nn.Module the optimizer trains")
+    loop = _loop_state(model, optimizer)
+    extra = {}
+    if scaler is not None and (not hasattr(scaler, "get_scale") or scaler.is_enabled()):
+        if not hasattr(scaler, "get_scale"):
+            raise ValueError("scaler is a %s, not a torch.amp.GradScaler" % type(scaler).__name__)
+        if options.get("precision") not in (None, "fp16"):
+            raise ValueError("scaler= is fp16's GradScaler, but precision=%r" % (options["precision"],))
+        extra = {"precision": "fp16", "init_scale": repr(float(scaler.get_scale())),
+                 "growth_factor": repr(float(scaler.get_growth_factor())),
+                 "backoff_factor": repr(float(scaler.get_backoff_factor())),
+                 "growth_interval": str(int(scaler.get_growth_interval()))}
+    rows, settings = _settings("doctor", options)
+    bs = int(settings.get("bs", rows["bs"]["default"]))
+    xs, y, bs = _loop_window(data, int(steps), bs)
+    extra["bs"] = str(bs)
+    native, script, how, run = _call("doctor", model, None, valid, out, options, max_samples, extra=extra,
+                                     window=(xs, y), loop=loop)
     run.close()
     return Diagnosis(native, how, dict(native["charts"]))
 
@@ -549,19 +707,34 @@ _SUMMARIES = {
 }
 
 
+# doctor's own keywords: where it branches from (a training loop's state, or a run folder).
+_BRANCH_HELP = [
+    "optimizer, scaler, steps: branch from where your own training loop stands: the model's weights, the state of "
+    "optimizer (torch.optim.AdamW, Adam or SGD: moments, step counts, momentum buffers, its lr and weight decay) and "
+    "a GradScaler's scale (fp16). The window is the next `steps` batches of data (an iterator continues where your "
+    "loop is), at the optimizer's lr, in fp32 and in the loop's precision (bf16 weights: bf16-pure; a scaler: fp16). "
+    "Without valid, each arm is validated on the window's samples.",
+    "from_run, at, window: branch from a run folder's checkpoint (the CLI's doctor --from RUN --at STEP --window N); "
+    "pass the model and data again for a run trained from Python.", ""]
+
+
 def _document(function, command):
     """The signature and help of `function`: the option table's rows for `command`."""
     P = inspect.Parameter
-    params = [P("model", P.POSITIONAL_OR_KEYWORD), P("data", P.POSITIONAL_OR_KEYWORD),
+    required = P.empty if command != "doctor" else None  # the doctor of a run folder takes neither
+    params = [P("model", P.POSITIONAL_OR_KEYWORD, default=required), P("data", P.POSITIONAL_OR_KEYWORD, default=required),
               P("valid", P.KEYWORD_ONLY, default=None), P("out", P.KEYWORD_ONLY, default=None),
               P("max_samples", P.KEYWORD_ONLY, default=_MAX_SAMPLES)]
+    if command == "doctor":
+        params += [P(k, P.KEYWORD_ONLY, default=None) for k in ("optimizer", "scaler", "steps", "from_run", "at", "window")]
     lines = [_SUMMARIES[command], "",
              "model: a torch.nn.Module (scripted, or traced on the first batch where scripting fails) or ScriptModule.",
              "data, valid: (x, y), x a tensor or a list of tensors (numpy arrays too); a map-style Dataset of (x, y) "
              "samples; or an iterable of (x, y) batches (a DataLoader). Without valid a seeded 20% of data is kept aside.",
              "max_samples: at most this many samples are drawn from a Dataset or an iterable, once, in an order seeded "
              "by seed (tensors are used whole).",
-             "out: a folder for the run's files (the CLI's); None writes nothing.", ""]
+             "out: a folder for the run's files (the CLI's); None writes nothing.", ""] + (
+                 _BRANCH_HELP if command == "doctor" else [])
     for row in _rows(command):
         params.append(P(row["key"], P.KEYWORD_ONLY, default=_default(row)))
         lines.append("%s: %s" % (row["key"], row["help"]))

@@ -199,7 +199,7 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
     const Replay& r = *replay;
     j["replay"] = {{"from", r.from},
                    {"checkpoint", r.checkpoint},
-                   {"step", r.step},
+                   {"step", r.step >= 0 ? nlohmann::json(r.step) : nlohmann::json(nullptr)},
                    {"window", r.window},
                    {"matches_run", r.matches_run ? nlohmann::json(*r.matches_run) : nlohmann::json(nullptr)},
                    {"first_difference", r.first_difference >= 0 ? nlohmann::json(r.first_difference) : nlohmann::json(nullptr)},
@@ -230,8 +230,10 @@ std::string Diagnosis::report(const OptionWords& words) const {
       out << "the run's own record (" << r.from << "):\n";
       for (const auto& line : r.record) out << "  - " << line << "\n";
     }
-    out << "replayed from " << r.checkpoint << " (step " << r.step << "), " << r.window
-        << " steps in fp32 and in the run's precision, same batches and schedule; replay "
+    const bool loop = r.from.empty();  // a training loop's state (Python's optimizer=), not a run folder
+    out << "replayed from " << r.checkpoint << (r.step >= 0 ? " (step " + std::to_string(r.step) + ")" : std::string()) << ", "
+        << r.window << (loop ? " steps in fp32 and in the loop's precision, same batches at the optimizer's lr; replay "
+                             : " steps in fp32 and in the run's precision, same batches and schedule; replay ")
         << (!r.matches_run ? "not checked against the run: " + r.not_compared
             : *r.matches_run ? std::string("matches the run's steps.csv")
                              : "differs from the run at step " + std::to_string(r.first_difference))

@@ -233,7 +233,7 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
           for (const auto& item : container.value()->named_children()) {
             const auto* s = dynamic_cast<const ScriptedSubmodule*>(item.value().get());
             const std::string& c = s ? s->python_class() : std::string();
-            if (item.key() == name && !next && (cls.empty() || c.size() >= cls.size() && c.compare(c.size() - cls.size(), cls.size(), cls) == 0)) {
+            if (item.key() == name && !next && (cls.empty() || (c.size() >= cls.size() && c.compare(c.size() - cls.size(), cls.size(), cls) == 0))) {
               next = item.value();
               step = container.key() + "." + name;
             }

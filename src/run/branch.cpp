@@ -1,15 +1,19 @@
 #include "mixtrain/run/branch.h"
 
+#include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/callbacks/checkpointer.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/core/learner.h"
 #include "mixtrain/core/precision_callback.h"
 #include "mixtrain/diagnose/compare.h"
 #include "mixtrain/run/learner_builder.h"
+#include "mixtrain/run/model_registry.h"
 #include "mixtrain/run/run_folder.h"
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/util/option_error.h"
 #include "mixtrain/util/threads.h"
+#include "mixtrain/compat.h"
+#include "mixtrain/data/data.h"
 
 #include "util/short_number.h"
 
@@ -237,6 +241,24 @@ bool weights_finite(Learner& learn) {
   return true;
 }
 
+/// The doctor's files (diagnosis.json, its charts) in its own folder, and the report,
+/// followed by `next` (what to run with the proven fix, in the front end's words).
+void write_branch_outputs(const diagnose::Diagnosis& d, const RunFolder& folder, const OptionWords& words, bool report_files,
+                          const std::string& next) {
+  write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
+  std::vector<std::string> written{folder.file("diagnosis.json")};
+  for (const auto& [name, svg] : doctor_charts(d)) {
+    write_file_atomically(folder.file(name + ".svg"), svg);
+    written.push_back(folder.file(name + ".svg"));
+  }
+  std::cout << "\n" << d.report(words) << next;
+  if (report_files) {
+    std::cout << "written:";
+    for (const auto& w : written) std::cout << " " << w;
+  }
+  std::cout << std::endl;
+}
+
 } // namespace
 
 diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopFlags& stop) {
@@ -263,6 +285,12 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   b.model_source = a.model_source;
   b.data_source = a.data_source;
   const RunConfig& r = b.config;
+  // A run trained from Python holds neither its model nor its data: the caller hands them over again.
+  std::error_code no_file;
+  const bool model_known = b.model_source || find_builtin_model(r.model) || std::filesystem::is_regular_file(r.model, no_file);
+  if (!model_known || (!b.data_source && r.data.empty() && !find_builtin_model(r.model)))
+    throw OptionError("from_run", "cannot branch from " + from + ": it trained on a model and data handed over in memory (" +
+                                      r.model + "), which the folder does not hold; pass them again with it");
   if (r.precision == Precision::kFp32)
     throw OptionError("from_run", "cannot branch from " + from + ": it trained in fp32, so there is no mixed precision to diagnose");
   if (r.ranks > 1)
@@ -407,21 +435,11 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   replay.seconds = arms_seconds;
   if (d.evidence.mixed) check_replay(replay, *d.evidence.mixed, csv);
   d.replay = replay;
-  write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
-  std::vector<std::string> written{folder.file("diagnosis.json")};
-  for (const auto& [name, svg] : doctor_charts(d)) {
-    write_file_atomically(folder.file(name + ".svg"), svg);
-    written.push_back(folder.file(name + ".svg"));
-  }
-  std::cout << "\n" << d.report(words);
+  std::string next;
   if (d.proven_fix)
-    std::cout << "continue the run with it: mixtrain train --from " << from << " --at " << replay.step << " --out NEW_DIR "
-              << d.trials[*d.proven_fix].settings_in(flag_words()) << "\n";
-  if (a.report_files) {
-    std::cout << "written:";
-    for (const auto& w : written) std::cout << " " << w;
-  }
-  std::cout << std::endl;
+    next = "continue the run with it: mixtrain train --from " + from + " --at " + std::to_string(replay.step) + " --out NEW_DIR " +
+           d.trials[*d.proven_fix].settings_in(flag_words()) + "\n";
+  write_branch_outputs(d, folder, words, a.report_files, next);
   return d;
 }
 
@@ -528,6 +546,197 @@ void restore_branch(Learner& learn, const BranchStart& start, const RunConfig& n
   }
   learn.to_fp32();
   set_precision(learn, mode);
+}
+
+namespace {
+
+/// The loop's state of one parameter as libtorch's optimizer keeps it.
+std::unique_ptr<torch::optim::OptimizerParamState> loop_param_state(const std::string& optimizer, const std::string& name,
+                                                                    const std::map<std::string, at::Tensor>& st,
+                                                                    const torch::Tensor& p) {
+  const auto tensor = [&](const char* key, bool required) {
+    const auto it = st.find(key);
+    if (it == st.end() || !it->second.defined()) {
+      if (required) throw OptionError("optimizer", Phrase("the optimizer's state of " + name + " has no " + key));
+      return torch::Tensor();
+    }
+    TORCH_CHECK(it->second.sizes() == p.sizes(), "the optimizer's ", key, " of ", name, " has shape ", it->second.sizes(),
+                ", the parameter ", p.sizes());
+    return it->second.to(p.device(), torch::kFloat).contiguous().clone();  // bf16 state's values, exactly
+  };
+  const auto step = [&] {
+    const auto it = st.find("step");
+    if (it == st.end() || !it->second.defined()) throw OptionError("optimizer", Phrase("the optimizer's state of " + name + " has no step"));
+    return static_cast<int64_t>(std::llround(it->second.item<double>()));
+  };
+  if (optimizer == "sgd") {
+    auto out = std::make_unique<torch::optim::SGDParamState>();
+    out->momentum_buffer(tensor("momentum_buffer", false));
+    if (!out->momentum_buffer().defined()) return nullptr;  // SGD without momentum keeps nothing
+    return out;
+  }
+  const auto fill = [&](auto& out) {
+    out->step(step());
+    out->exp_avg(tensor("exp_avg", true));
+    out->exp_avg_sq(tensor("exp_avg_sq", true));
+    const torch::Tensor max_sq = tensor("max_exp_avg_sq", false);
+    if (max_sq.defined()) out->max_exp_avg_sq(max_sq);
+  };
+  if (optimizer == "adamw") {
+    auto out = std::make_unique<torch::optim::AdamWParamState>();
+    fill(out);
+    return out;
+  }
+  auto out = std::make_unique<torch::optim::AdamParamState>();
+  fill(out);
+  return out;
+}
+
+/// The model's parameters by name.
+std::map<std::string, torch::Tensor> params_by_name(torch::nn::Module& module) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : module.named_parameters()) out.emplace(p.key(), p.value());
+  return out;
+}
+
+/// Puts the loop's optimizer state into `learn`'s optimizer (built by loop_optimizer),
+/// before any precision is attached: the modes carry it from there as a resume's.
+void load_loop_state(Learner& learn, const LoopState& loop) {
+  torch::optim::Optimizer& opt = learn.opt();
+  const auto params = params_by_name(learn.model().module());
+  for (const auto& [name, st] : loop.state) {
+    const auto p = params.find(name);
+    if (p == params.end()) throw OptionError("optimizer", Phrase("the optimizer holds state for " + name + ", which the model does not have"));
+    if (auto state = loop_param_state(loop.optimizer, name, st, p->second)) compat::set_optimizer_state(opt, p->second, std::move(state));
+  }
+}
+
+/// The largest step count among the loop's parameter states: how far the loop had trained.
+int64_t loop_step(const LoopState& loop) {
+  int64_t step = -1;  // SGD counts none
+  for (const auto& [name, st] : loop.state) {
+    const auto it = st.find("step");
+    if (it != st.end() && it->second.defined()) step = std::max<int64_t>(step, std::llround(it->second.item<double>()));
+  }
+  return step;
+}
+
+} // namespace
+
+OptimizerFactory loop_optimizer(const LoopState& loop, const Model& model) {
+  const std::shared_ptr<torch::nn::Module> module = model.ptr();
+  return [&loop, module](const std::vector<torch::Tensor>&, double) -> std::unique_ptr<torch::optim::Optimizer> {
+    const auto params = params_by_name(*module);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    for (const auto& g : loop.groups) {
+      std::vector<torch::Tensor> held;
+      for (const auto& name : g.params) {
+        const auto p = params.find(name);
+        if (p == params.end()) throw OptionError("optimizer", Phrase("the optimizer holds " + name + ", which the model does not have"));
+        held.push_back(p->second);
+      }
+      std::unique_ptr<torch::optim::OptimizerOptions> options;
+      if (loop.optimizer == "sgd")
+        options = std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(g.lr)
+                                                                 .momentum(g.momentum)
+                                                                 .dampening(g.dampening)
+                                                                 .nesterov(g.nesterov)
+                                                                 .weight_decay(g.weight_decay));
+      else if (loop.optimizer == "adamw")
+        options = std::make_unique<torch::optim::AdamWOptions>(
+            torch::optim::AdamWOptions(g.lr).betas({g.beta1, g.beta2}).eps(g.eps).weight_decay(g.weight_decay).amsgrad(g.amsgrad));
+      else
+        options = std::make_unique<torch::optim::AdamOptions>(
+            torch::optim::AdamOptions(g.lr).betas({g.beta1, g.beta2}).eps(g.eps).weight_decay(g.weight_decay).amsgrad(g.amsgrad));
+      groups.emplace_back(std::move(held), std::move(options));
+    }
+    if (loop.optimizer == "sgd") return std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(loop.groups.front().lr));
+    if (loop.optimizer == "adamw") return std::make_unique<torch::optim::AdamW>(groups);
+    return std::make_unique<torch::optim::Adam>(groups);
+  };
+}
+
+diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const StopFlags& stop) {
+  const RunTurn turn;
+  TORCH_CHECK(a.loop && !a.loop->groups.empty(), "doctor_from_loop: no optimizer state (RunArgs::loop)");
+  const LoopState& loop = *a.loop;
+  validate(a, Command::kDoctor);
+  RunConfig& r = a.config;
+  if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16 && r.precision != Precision::kBf16Pure)
+    throw OptionError("precision", "the doctor compares fp32 with fp16 or bf16 autocast, or bf16-pure weights; pass " +
+                                       Phrase::setting("precision", "fp16") + ", " + Phrase::setting("precision", "bf16") +
+                                       " or " + Phrase::setting("precision", "bf16-pure") + ", not " + precision_name(r.precision));
+  const double lr = loop.groups.front().lr;
+  for (const auto& g : loop.groups)
+    if (g.lr != lr)
+      throw OptionError("optimizer", Phrase("the optimizer's param groups have different learning rates (" + short_number(lr, 3) +
+                                         ", " + short_number(g.lr, 3) + "); the doctor replays one"));
+  r.lr = lr;
+  r.epochs = 1;
+  r.wd_bn_bias = true;  // the loop's own groups, as they are
+  const int threads = configure_threads(r.threads, thread_policy(r));
+  torch::manual_seed(r.seed);
+  const auto split = load_split(a, /*world_size=*/1);
+  const int64_t window = split.train.size() / r.bs;
+  if (window < diagnose::kMinCompareSteps)
+    throw OptionError("window", "a window of " + std::to_string(window) + " step(s) is too short to judge; the comparison needs at least " +
+                                    std::to_string(diagnose::kMinCompareSteps));
+  const PrecisionOptions own_options = PrecisionOptions(r.precision_options).rounding_seed(r.seed);
+  if (!own_options.keep_fp32().empty()) amp::check_islands(own_options.keep_fp32(), build_model(a).module());
+  if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
+  const RunFolder folder(a.out);
+  folder.prepare();
+
+  diagnose::Replay replay;
+  replay.checkpoint = "the training loop's state";
+  replay.step = loop_step(loop);
+  replay.window = window;
+  replay.not_compared = "a training loop records no steps to check it against";
+  std::cout << "mixtrain doctor: branching the training loop (" << loop.optimizer
+            << (replay.step >= 0 ? ", step " + std::to_string(replay.step) : std::string()) << ", lr "
+            << short_number(lr, 3) << "): its next " << window << " batches in fp32 and in " << precision_name(r.precision)
+            << ", " << threads << " thread(s)" << std::endl;
+  const auto start = std::chrono::steady_clock::now();
+  double arms_seconds = -1;
+  const diagnose::BranchFactory at_loop = [&](diagnose::Arm arm, const diagnose::MixedRun& trial) {
+    if (arm == diagnose::Arm::kFp32) std::cout << "doctor: 1/2 fp32 from the loop's state" << std::endl;
+    if (arm == diagnose::Arm::kRun) std::cout << "doctor: 2/2 " << precision_name(r.precision) << " from the loop's state" << std::endl;
+    std::unique_ptr<Learner> learn = build_learner(a, split, /*progress=*/false);
+    // The loop's batches in the loop's order.
+    learn->dls().train = data::DataLoader(split.train, data::DataLoaderOptions().batch_size(r.bs));
+    load_loop_state(*learn, loop);
+    if (arm == diagnose::Arm::kRun) {
+      learn->set_precision(r.precision, own_options);
+    } else if (arm == diagnose::Arm::kTrial) {
+      learn->set_precision(trial.precision, trial.options);
+      if (trial.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(trial.clip));
+    }
+    add_stop_callbacks(*learn, stop, /*keeps_checkpoints=*/false);
+    return learn;
+  };
+  const auto keep = [&](const diagnose::Diagnosis& now) {
+    if (arms_seconds < 0) arms_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    diagnose::Diagnosis known = now;
+    known.replay = replay;
+    known.replay->seconds = arms_seconds;
+    write_file_atomically(folder.file("diagnosis.json"), known.to_json(words));
+  };
+  diagnose::Diagnosis d = diagnose::compare_branch(at_loop,
+                                                   diagnose::CompareOptions()
+                                                       .epochs(1)
+                                                       .lr(lr)
+                                                       .one_cycle(false)
+                                                       .precision(r.precision)
+                                                       .precision_options(own_options)
+                                                       .max_trials(a.no_trials ? 0 : a.max_trials)
+                                                       .apply_setting(apply_setting)
+                                                       .seed(r.seed)
+                                                       .on_progress(keep),
+                                                   window);
+  replay.seconds = arms_seconds;
+  d.replay = replay;
+  write_branch_outputs(d, folder, words, a.report_files, "");
+  return d;
 }
 
 } // namespace mixtrain::run

@@ -495,6 +495,7 @@ std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d) {
 
 diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags& stop) {
   if (!a.from_run.empty()) return doctor_from(std::move(a), words, stop);
+  if (a.loop) return doctor_from_loop(std::move(a), words, stop);
   for (const auto& [key, given] : {std::pair<std::string, bool>{"at", a.at != -1}, {"window", a.window != -1}})
     if (given)
       throw OptionError(key, Phrase::name(key) + " picks what " + Phrase::name("from_run") +

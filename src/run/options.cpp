@@ -642,12 +642,7 @@ RunConfig RunConfig::read(const std::string& dir) {
   TORCH_CHECK(f, path, " not found (is ", dir, " a mixtrain run directory?)");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   // Only a file that is not JSON is damaged; a JSON file with a bad field says which.
-  bool is_json = true;
-  try {
-    (void)nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    is_json = false;
-  }
+  const bool is_json = nlohmann::json::accept(text);
   try {
     return from_json(text);
   } catch (const c10::Error& e) {

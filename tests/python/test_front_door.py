@@ -498,3 +498,126 @@ def test_train_leaves_the_callers_random_state_and_says_when_it_traced(capfd):
     assert torch.equal(torch.rand(3), expected)  # the run seeded torch's generator with 7, then gave it back
     assert r.summary["model_source"].startswith("traced on the first batch (torch.jit.script failed:")
     assert "mixtrain: notice: the model was traced on the first batch" in capfd.readouterr().out
+
+
+# ---- The doctor from where the user's own loop stands (optimizer=, scaler=, steps=) ----
+
+def _loop(make_optimizer, steps_before=20, bs=32, dtype=torch.float32):
+    """A model trained `steps_before` steps in a plain torch loop, its optimizer, and the batches."""
+    torch.manual_seed(0)
+    x, y = blobs(2048)
+    model = Mlp().to(dtype)
+    opt = make_optimizer(model.parameters())
+    batches = [(x[i:i + bs], y[i:i + bs]) for i in range(0, len(x), bs)]
+    for xb, yb in batches[:steps_before]:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb.to(dtype)).float(), yb).backward()
+        opt.step()
+    return model, opt, batches
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.05),
+    lambda p: torch.optim.Adam(p, lr=1e-3, betas=(0.8, 0.99), weight_decay=1e-4, amsgrad=True),
+    lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
+], ids=["adamw", "adam-amsgrad", "sgd-nesterov"])
+def test_the_fp32_window_is_the_users_own_loop_continued(make_optimizer):
+    model, opt, batches = _loop(make_optimizer)
+    # The user's loop, continued on copies for the window's 16 batches.
+    twin = copy.deepcopy(model)
+    twin_opt = make_optimizer(twin.parameters())
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # load_state_dict would share the tensors
+    losses = []
+    for xb, yb in batches[20:36]:
+        twin_opt.zero_grad()
+        loss = nn.functional.cross_entropy(twin(xb), yb)
+        loss.backward()
+        twin_opt.step()
+        losses.append(loss.item())
+    window_x = torch.cat([b[0] for b in batches[20:36]])
+    window_y = torch.cat([b[1] for b in batches[20:36]])
+    with torch.no_grad():
+        valid_loss = nn.functional.cross_entropy(twin(window_x), window_y).item()
+    before = [p.detach().clone() for p in model.parameters()]
+    d = mixtrain.doctor(model, iter(batches[20:]), optimizer=opt, steps=16, precision="bf16", threads=2)
+    fp32 = d.measurements["fp32"]
+    assert fp32["steps"] == 16
+    assert fp32["final_loss"] == pytest.approx(sum(losses[-5:]) / 5, rel=1e-5)
+    assert fp32["valid_loss"] == pytest.approx(valid_loss, rel=1e-5)
+    replay = d.to_dict()["replay"]
+    assert replay["step"] == (None if isinstance(opt, torch.optim.SGD) else 20)  # SGD counts no steps
+    assert replay["window"] == 16 and replay["matches_run"] is None
+    assert "training loop" in d.report
+    # The doctor worked on copies: the user's model and optimizer are as they were.
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(opt.state) == len(before)
+
+
+def test_a_bf16_model_with_its_adamw_is_the_pure_bf16_case(capfd):
+    model, opt, batches = _loop(lambda p: torch.optim.AdamW(p, lr=1e-4), dtype=torch.bfloat16)
+    d = mixtrain.doctor(model, iter(batches[20:]), optimizer=opt, steps=16, threads=2, no_trials=True)
+    assert d.measurements["mixed"]["precision"] == "bf16-pure"
+    assert "lost_updates" in d.measurements["mixed"]
+    assert "diagnosing it as bf16-pure" in capfd.readouterr().out
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())  # given back as it came
+
+
+def test_a_grad_scalers_scale_and_settings_start_the_fp16_arm():
+    model, opt, batches = _loop(lambda p: torch.optim.AdamW(p, lr=1e-3), steps_before=0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=4)
+    for xb, yb in batches[:10]:
+        opt.zero_grad()
+        scaler.scale(nn.functional.cross_entropy(model(xb), yb)).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert scaler.get_scale() == 4096.0  # grew twice
+    d = mixtrain.doctor(model, iter(batches[10:]), optimizer=opt, scaler=scaler, steps=16, threads=2, no_trials=True)
+    scale = d.measurements["mixed"]["scale_history"]
+    assert d.measurements["mixed"]["precision"] == "fp16"
+    assert scale["initial_scale"] == 4096.0
+    # growth_interval 4 from the branch point (the scaler's own count of clean steps is not carried):
+    # 4 steps at each of 4096, 8192, 16384 and 32768.
+    assert scale["max_scale"] == 4096.0 * 2 ** 3 and scale["backoffs"] == 0
+
+
+def test_a_training_loops_state_that_does_not_fit_is_a_one_line_value_error():
+    model, opt, batches = _loop(lambda p: torch.optim.AdamW(p, lr=1e-3), steps_before=2)
+    other = torch.optim.AdamW(Mlp().parameters(), lr=1e-3)
+    cases = [
+        (dict(optimizer=other, steps=16), "not a parameter of the model"),
+        (dict(optimizer=torch.optim.RMSprop(model.parameters()), steps=16), "torch.optim.AdamW, Adam or SGD"),
+        (dict(optimizer=opt, steps=4), "steps=4"),
+        (dict(optimizer=opt), "optimizer= and steps="),
+        (dict(optimizer=opt, steps=16, lr=1e-2), "lr= comes from the training loop"),
+        (dict(optimizer=torch.optim.AdamW(list(model.parameters())[:2], lr=1e-3), steps=16), "is not in the optimizer"),
+        (dict(optimizer=torch.optim.AdamW([{"params": list(model.parameters())[:2], "lr": 1e-3},
+                                           {"params": list(model.parameters())[2:], "lr": 1e-4}]), steps=16),
+         "different learning rates"),
+        (dict(optimizer=opt, steps=200), "too few for steps=200"),
+        (dict(optimizer=opt, steps=16, from_run="runs/x"), "one or the other"),
+    ]
+    for kwargs, expected in cases:
+        with pytest.raises(ValueError) as e:
+            mixtrain.doctor(model, iter(batches), **kwargs)
+        assert expected in str(e.value) and "\n" not in str(e.value), (kwargs, str(e.value))
+    uneven = [batches[0], (batches[1][0][:7], batches[1][1][:7])] + batches[2:20]
+    with pytest.raises(ValueError, match="batches hold different numbers of samples"):
+        mixtrain.doctor(model, uneven, optimizer=opt, steps=16)
+
+
+def test_the_doctor_branches_a_run_folder_from_python(tmp_path):
+    x, y = blobs(2048)
+    run = tmp_path / "run"
+    mixtrain.train(Mlp(), (x, y), out=run, precision="fp16", epochs=2, save_every_steps=10, threads=2, bs=64)
+    d = mixtrain.doctor(Mlp(), (x, y), from_run=run, at=20, window=10, out=tmp_path / "doc", no_trials=True)
+    replay = d.to_dict()["replay"]
+    assert replay["step"] == 20 and replay["window"] == 10
+    assert replay["matches_run"] is True, d.report
+    with pytest.raises(ValueError, match="handed over in memory"):
+        mixtrain.doctor(from_run=run)
+    with pytest.raises(ValueError, match="model and data together"):
+        mixtrain.doctor(Mlp(), from_run=run)
+    with pytest.raises(ValueError, match="has no checkpoint at step 7"):
+        mixtrain.doctor(Mlp(), (x, y), from_run=run, at=7)
+    with pytest.raises(ValueError, match="at= and window= pick what from_run= replays"):
+        mixtrain.doctor(Mlp(), (x, y), at=7)

@@ -133,9 +133,9 @@ struct Trial {
 /// Where a diagnosis replayed from (mixtrain doctor --from): the run's checkpoint, the
 /// window, whether the replayed mixed arm is the run itself, and the run's own record.
 struct Replay {
-  std::string from;           ///< the run folder
-  std::string checkpoint;     ///< the checkpoint branched from
-  int64_t step = 0;           ///< its training step
+  std::string from;           ///< the run folder (empty: a training loop's state, Python's optimizer=)
+  std::string checkpoint;     ///< the checkpoint branched from, in words for a loop
+  int64_t step = 0;           ///< its training step (-1: not known, an SGD loop's)
   int64_t window = 0;         ///< training steps replayed in each arm
   /// The replayed mixed arm against the run's steps.csv (loss, scale, skip of every step
   /// both have): true when equal to the digit steps.csv keeps (float32's all), false from

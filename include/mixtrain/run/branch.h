@@ -5,11 +5,15 @@
 /// replays a window of the run's training from there, in fp32 and in the run's
 /// precision, instead of training both from scratch: its cost is (2 + trials) windows,
 /// whatever the run's length.
+#include "mixtrain/core/learner.h"
 #include "mixtrain/diagnose/diagnosis.h"
 #include "mixtrain/run/commands.h"
 #include "mixtrain/run/options.h"
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace mixtrain::run {
 
@@ -47,5 +51,36 @@ BranchStart start_from_run(RunArgs& args);
 /// `now`'s precision (run::set_precision), the loss scale carried over where the
 /// scaler's settings did not change. The next fit continues the run's schedule.
 void restore_branch(Learner& learn, const BranchStart& start, const RunConfig& now);
+
+/// Where a user's own training loop stands (Python's `mixtrain.doctor(model, data,
+/// optimizer=opt, scaler=..., steps=N)`): a torch.optim optimizer's param groups and
+/// per-parameter state, by the model's parameter names. The weights are the model's; a
+/// GradScaler's scale and settings come as the precision options (init_scale, ...).
+struct LoopState {
+  struct Group {
+    std::vector<std::string> params;  ///< names, as the model's named_parameters() says them
+    double lr = 0, weight_decay = 0, eps = 1e-8, beta1 = 0.9, beta2 = 0.999;  ///< Adam, AdamW (eps, betas)
+    double momentum = 0, dampening = 0;                                       ///< SGD
+    bool nesterov = false, amsgrad = false;
+  };
+  std::string optimizer;  ///< "adamw", "adam" or "sgd"
+  std::vector<Group> groups;
+  /// Per parameter name, its state as torch.optim keeps it: "step", "exp_avg",
+  /// "exp_avg_sq", "max_exp_avg_sq" (Adam, AdamW) or "momentum_buffer" (SGD). A
+  /// parameter the optimizer has not stepped yet has none.
+  std::map<std::string, std::map<std::string, at::Tensor>> state;
+};
+
+/// The optimizer the loop was stepping, with its groups and hyperparameters, over
+/// `model`'s parameters (found by name): an OptimizerFactory for LearnerOptions.
+OptimizerFactory loop_optimizer(const LoopState& loop, const Model& model);
+
+/// The doctor of a training loop's state (RunArgs::loop): the next window of the loop
+/// (args' data: the window's batches, in order; its batch size is args' bs) replayed
+/// from the model's weights and the optimizer's state, in fp32 and in args' precision,
+/// at the optimizer's constant learning rate; then the verdict and trials as
+/// doctor_from gives them. Diagnosis::replay says where it started; matches_run is
+/// nullopt (a loop records no steps to check the replay against).
+diagnose::Diagnosis doctor_from_loop(RunArgs args, const OptionWords& words, const StopFlags& stop);
 
 } // namespace mixtrain::run

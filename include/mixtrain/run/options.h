@@ -31,6 +31,8 @@ struct DatasetSplit;
 
 namespace mixtrain::run {
 
+struct LoopState;
+
 /// The things a run can be asked to do; each takes its own options.
 enum class Command : unsigned {
   kTrain = 1,   ///< train a model (mixtrain train)
@@ -65,6 +67,9 @@ struct RunArgs {
   std::function<Model(const RunConfig&)> model_source;
   /// Data in memory instead of config.data (the Python front door: the user's tensors).
   std::shared_ptr<const data::DatasetSplit> data_source;
+  /// A training loop's optimizer state to branch from (the Python doctor's optimizer=):
+  /// the doctor replays the loop's next batches from it (run/branch.h).
+  std::shared_ptr<const LoopState> loop;
   /// Whether the command says which files it wrote where (false: a front end's
   /// temporary folder, removed once it has read them).
   bool report_files = true;
