@@ -12,6 +12,7 @@
 #include <mixtrain/callbacks/stop_on_request.h>
 #include <mixtrain/data/data.h>
 #include <mixtrain/util/option_error.h>
+#include <mixtrain/util/warnings.h>
 #include <mixtrain/run/branch.h>
 #include <mixtrain/run/commands.h>
 #include <mixtrain/models/scripted_model.h>
@@ -163,6 +164,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
   }
   args.out = out;
   args.report_files = keep_files;
+  args.says_report = false;  // the Diagnosis returned says it (a notebook shows it once)
   if (!loop.is_none()) args.loop = loop_state(loop.cast<py::dict>());
   const bool has_model = !script_object.is_none();  // None: doctor(from_run=) of a run the CLI trained
   if (args.from_run.empty()) {
@@ -209,6 +211,10 @@ py::dict run_command(const std::string& command, const py::object& script_object
   py::scoped_ostream_redirect to_stdout(std::cout, py::module_::import("sys").attr("stdout"));
   py::scoped_ostream_redirect to_stderr(std::cerr, py::module_::import("sys").attr("stderr"));
   const SigintStopsTheRun sigint;
+  // Warnings in Python's words, raised through warnings.warn once the run is over (the
+  // Python half does: a filter that makes them errors then raises from the call).
+  std::vector<std::string> said;
+  const mixtrain::WarningsTo warnings_to([&said](const mixtrain::Phrase& w) { said.push_back(w.str(run::keyword_words())); });
   run::StopFlags stop{&g_stop_requested, nullptr};
   // Python runs its own signal handlers (signal.alarm's) only on the main thread and
   // only between bytecodes: the run asks it to between batches. What a handler
@@ -283,6 +289,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
     raise_signal_error();
     throw KeyboardInterrupt{};
   }
+  result["warnings"] = said;
   return result;
 }
 

@@ -27,7 +27,7 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
   // Adding a field to RunConfig stops this line compiling until the field is
   // named here, probed below and given a row in the option table.
   [[maybe_unused]] auto& [data, model, loss, output, epochs, lr, bs, seed, limit, threads, thread_policy, precision,
-                          precision_options, clip, accum, wd_bn_bias, save_every, save_every_steps, keep, max_bad_steps, comm_dtype, ranks,
+                          precision_options, clip, accum, wd_bn_bias, opt, save_every, save_every_steps, keep, max_bad_steps, comm_dtype, ranks,
                           monitor, save_best, early_stop, split_at, freeze_to] = c;
   RunArgs args;
   const std::vector<FieldProbe> probes = {
@@ -56,6 +56,11 @@ TEST(RunOptionsTest, EveryRunConfigFieldHasARowAndRoundTrips) {
       {"clip", "0.5", [](const RunConfig& r) { return r.clip == 0.5; }},
       {"accum", "2", [](const RunConfig& r) { return r.accum == 2; }},
       {"wd_bn_bias", "true", [](const RunConfig& r) { return r.wd_bn_bias; }},
+      {"opt", "rmsprop", [](const RunConfig& r) { return r.opt.kind() == OptimizerKind::kRmsprop; }},
+      {"mom", "0.5", [](const RunConfig& r) { return r.opt.mom() == 0.5; }},
+      {"sqr_mom", "0.9", [](const RunConfig& r) { return r.opt.sqr_mom() == 0.9; }},
+      {"eps", "0.001", [](const RunConfig& r) { return r.opt.eps() == 1e-3; }},
+      {"wd", "0.25", [](const RunConfig& r) { return r.opt.wd() == 0.25; }},
       {"save_every", "1", [](const RunConfig& r) { return r.save_every == 1; }},
       {"save_every_steps", "7", [](const RunConfig& r) { return r.save_every_steps == 7; }},
       {"keep_fp32", "conv_proj,encoder.layers.*.mlp",

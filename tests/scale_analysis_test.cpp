@@ -55,20 +55,27 @@ TEST_F(ScaleAnalysisTest, RepeatedBackoffToTinyScalesIsACollapse) {
   EXPECT_TRUE(a.collapsed);
   EXPECT_EQ(a.longest_skip_run, 20);
   EXPECT_LE(a.min_scale, 1.0);
-  EXPECT_NE(diagnose::fit_warning(a).find("likely gradient_overflow"), std::string::npos) << diagnose::fit_warning(a);
+  // Facts, and the doctor for the verdict: a collapse alone does not tell an overflowing
+  // forward pass from overflowing gradients (the doctor's trace does).
+  const std::string w = diagnose::fit_warning(a).str(run::flag_words());
+  EXPECT_NE(w.find("20 of 20 steps (100%) were skipped for inf/NaN gradients and the loss scale collapsed"), std::string::npos) << w;
+  EXPECT_NE(w.find("`mixtrain doctor` tells which problem this is"), std::string::npos) << w;
+  EXPECT_EQ(w.find("likely"), std::string::npos) << w;
 }
 
-// NaN losses from the first step (a forward overflow): the warning says so, as the
-// doctor's verdict would, and gives no advice about the scaler.
-TEST_F(ScaleAnalysisTest, NanLossesFromTheStartWarnOfAForwardOverflowNotTheScaler) {
+// NaN losses (a forward overflow: a loss is computed before any scaling): the warning
+// says where the first was, and gives no advice about the scaler.
+TEST_F(ScaleAnalysisTest, NanLossesWarnOfTheForwardPassNotTheScaler) {
   diagnose::ScaleAnalysis a;
   a.has_scale = true;
   a.steps = a.skipped = a.settling_steps = a.nonfinite_losses = 10;
   a.skip_rate = 1.0;
   a.first_nonfinite_step = a.first_nonfinite_epoch = 0;
   a.initial_scale = 65536;
-  const std::string w = diagnose::fit_warning(a);
-  EXPECT_NE(w.find("likely forward_overflow"), std::string::npos) << w;
+  const std::string w = diagnose::fit_warning(a).str(run::keyword_words());
+  EXPECT_NE(w.find("10 losses were NaN/inf, the first at step 0 (a loss is computed before any scaling: the forward pass "
+                   "overflowed there)"), std::string::npos) << w;
+  EXPECT_NE(w.find("`mixtrain.doctor()` tells"), std::string::npos) << w;
   EXPECT_EQ(w.find("init_scale"), std::string::npos) << w;
   EXPECT_EQ(w.find("underflow"), std::string::npos) << w;
 }
@@ -85,9 +92,10 @@ TEST_F(ScaleAnalysisTest, BackingOffFromATooHighInitialScaleIsSettlingNotCollaps
   EXPECT_FALSE(a.collapsed);
   EXPECT_EQ(a.settling_steps, 10);
   EXPECT_DOUBLE_EQ(a.skip_rate_after_settling, 0.0);
-  const std::string w = diagnose::fit_warning(a);
-  EXPECT_NE(w.find("likely underflow"), std::string::npos) << w;
-  EXPECT_NE(w.find("10 of them were the first steps"), std::string::npos) << w;
+  const std::string w = diagnose::fit_warning(a).str(run::flag_words());
+  EXPECT_EQ(w.find("likely"), std::string::npos) << w;
+  EXPECT_NE(w.find("10 of them were the first steps, backing off from the initial scale 1.1e+12 (start lower: --init-scale)"),
+            std::string::npos) << w;
 }
 
 TEST_F(ScaleAnalysisTest, PinnedAtMinimumWithFlatLoss) {
@@ -109,7 +117,7 @@ TEST_F(ScaleAnalysisTest, NonFiniteLossesAndNoScaler) {
   EXPECT_EQ(a.nonfinite_losses, 1);
   EXPECT_EQ(a.first_nonfinite_step, 4);
   EXPECT_EQ(a.first_nonfinite_epoch, 1);
-  EXPECT_EQ(diagnose::fit_warning(a), "");  // no scaler, no skip warning
+  EXPECT_TRUE(diagnose::fit_warning(a).empty());  // no scaler, no skip warning
 }
 
 TEST_F(ScaleAnalysisTest, FitWarnsAboveFivePercentSkippedAndStaysSilentBelow) {
@@ -126,23 +134,23 @@ TEST_F(ScaleAnalysisTest, FitWarnsAboveFivePercentSkippedAndStaysSilentBelow) {
   auto learn = make();
   learn->to_fp16(amp::GradScalerOptions().init_scale(256));  // low enough that nothing overflows by itself
   learn->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3, 4, 6, 8})});
-  const std::string w = learn->get_cb<diagnose::FitWarning>()->message();
+  const std::string w = learn->get_cb<diagnose::FitWarning>()->message().str();
   EXPECT_NE(w.find("4 of 10 steps (40%) were skipped"), std::string::npos) << w;
-  EXPECT_NE(w.find("likely underflow"), std::string::npos) << w;
+  EXPECT_NE(w.find("diagnose::compare() tells which problem this is"), std::string::npos) << w;
   // The next fit without overflow is judged on its own steps: silent.
   learn->fit(2, 1e-2);
-  EXPECT_EQ(learn->get_cb<diagnose::FitWarning>()->message(), "");
+  EXPECT_EQ(learn->get_cb<diagnose::FitWarning>()->message().str(), "");
   // 1 of 10 is above 5% but only a scaler finding its level (kCalibrationSkips): silent.
   auto calibrating = make();
   calibrating->to_fp16(amp::GradScalerOptions().init_scale(256));
   calibrating->fit(1, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
-  EXPECT_EQ(calibrating->get_cb<diagnose::FitWarning>()->message(), "");
+  EXPECT_EQ(calibrating->get_cb<diagnose::FitWarning>()->message().str(), "");
   // 1 of 20 = 5% is not above the threshold.
   auto quiet = make();
   quiet->to_fp16(amp::GradScalerOptions().init_scale(256));
   quiet->fit(2, 1e-2, {std::make_shared<test::InjectOverflow>(std::set<int64_t>{3})});
   EXPECT_EQ(quiet->recorder().skipped_steps(), 1);
-  EXPECT_EQ(quiet->get_cb<diagnose::FitWarning>()->message(), "");
+  EXPECT_EQ(quiet->get_cb<diagnose::FitWarning>()->message().str(), "");
 }
 
 // A few skips are the scaler finding its level (in a short run they pass 5% alone);
@@ -161,11 +169,11 @@ TEST_F(ScaleAnalysisTest, AShortCalibrationAtTheStartIsNotTooManySkips) {
   const auto calibration = run({0, 1});  // 2 of 32 (6.25%), both while settling
   EXPECT_EQ(calibration.settling_steps, 2);
   EXPECT_FALSE(diagnose::skips_are_a_problem(calibration));
-  EXPECT_EQ(diagnose::fit_warning(calibration), "");
+  EXPECT_TRUE(diagnose::fit_warning(calibration).empty());
   EXPECT_FALSE(diagnose::skips_are_a_problem(run({13, 14})));      // the transformer's: at the peak lr
   EXPECT_TRUE(diagnose::skips_are_a_problem(run({0, 1, 2, 3})));   // a longer back-off than calibration
   EXPECT_TRUE(diagnose::skips_are_a_problem(run({3, 9, 15, 21})));
-  EXPECT_NE(diagnose::fit_warning(run({0, 1, 2, 3})), "");
+  EXPECT_FALSE(diagnose::fit_warning(run({0, 1, 2, 3})).empty());
 }
 
 } // namespace

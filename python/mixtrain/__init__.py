@@ -28,9 +28,39 @@ import warnings
 
 import torch  # registers TorchScript's types before the extension uses them
 
-from . import _native
 
-__all__ = ["doctor", "train", "lr_find", "Diagnosis", "Result", "LrFind"]
+def _check_torch():
+    """The torch this Python imports must be the one _native was built against: another
+    minor version breaks its symbols, another C++ ABI its strings, another CUDA build
+    its kernels. Said in one line, before loading _native fails less clearly."""
+    from . import _build_info as built
+    import sys
+    now = (torch.__version__.split("+")[0], bool(torch._C._GLIBCXX_USE_CXX11_ABI), torch.version.cuda or None)
+    then = (built.TORCH_VERSION, built.CXX11_ABI, built.CUDA)
+    if now != then:
+        def say(v):
+            return "torch %s (C++11 ABI %s, %s)" % (v[0], "on" if v[1] else "off", "CUDA " + v[2] if v[2] else "CPU")
+        raise ImportError("mixtrain was built against %s, but this Python imports %s: rebuild it against this torch "
+                          "(cmake -S %s -B %s -DMIXTRAIN_PYTHON=%s && cmake --build %s)" % (
+                              say(then), say(now), built.SOURCE_DIR, built.BUILD_DIR, sys.executable, built.BUILD_DIR))
+
+
+_check_torch()
+from . import _native  # noqa: E402 (after the check)
+
+__all__ = ["doctor", "train", "lr_find", "Diagnosis", "Result", "LrFind", "MixtrainWarning"]
+
+
+class MixtrainWarning(RuntimeWarning):
+    """What a run warns of: a fit that skipped many steps or lost most bf16 updates, NaN
+    inputs, a run stopped on a NaN loss. Filter or catch it as any warning
+    (``warnings.simplefilter("error", mixtrain.MixtrainWarning)``)."""
+
+
+def _say_warnings(native, stacklevel):
+    """The run's warnings, in Python's words, through warnings.warn (after the run)."""
+    for line in native.get("warnings", []):
+        warnings.warn(line, MixtrainWarning, stacklevel=stacklevel + 1)
 
 def _rows(command):
     """The keyword arguments of `command`: the option table's rows that are keywords
@@ -374,6 +404,21 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
                   "optimizer state, no fp32 copy); pass precision= to choose another mode" %
                   ("diagnosing" if command == "doctor" else "training"))
         model.float()  # bf16 values in fp32 storage while mixtrain runs it (exact both ways)
+    islands = _kept_in_fp32(model) if stored is None else []
+    dtypes = [(p, p.dtype) for p in model.parameters()] if islands else []
+    if islands:
+        # Hugging Face's shape of a bf16 model (_keep_in_fp32_modules): bf16 weights, a few
+        # modules (norms) kept fp32. That is bf16-pure with those modules as fp32 islands.
+        if options.get("precision") is None:
+            settings["precision"] = "bf16-pure"
+            if options.get("keep_fp32") is None:
+                settings["keep_fp32"] = ",".join(islands)
+            print("mixtrain: notice: the model's parameters are bf16 except %d module%s kept in fp32 (%s), as Hugging "
+                  "Face's _keep_in_fp32_modules leaves them: %s it as bf16-pure with keep_fp32=%r; pass precision= "
+                  "to choose another mode" % (len(islands), "" if len(islands) == 1 else "s", ", ".join(islands),
+                                               "diagnosing" if command == "doctor" else "training",
+                                               settings["keep_fp32"].split(",")))
+        model.float()  # every value exact in fp32 storage while mixtrain runs it
     precision = settings.get("precision", rows["precision"]["default"])
     loss = options.get("loss") or rows["loss"]["default"]
     run = _Run(out)
@@ -383,6 +428,7 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
         script, name, how = _scripted(model, xs, y, loss)
         _check_forward_takes_tensors(script)
         native = _native.run(command, script._c, name, xs, y, valid_xs, valid_y, settings, run.folder, run.keep, loop)
+        _say_warnings(native, 3)  # the caller's line: the caller, doctor/train/lr_find, _call
         if command == "train":
             _say_what_is_handed_back(stored, precision)
         return native, script, how, run
@@ -394,6 +440,10 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
         torch.set_rng_state(rng)
         if stored == torch.bfloat16 and (command != "train" or precision == "bf16-pure"):
             model.to(torch.bfloat16)  # bf16 values throughout: given back as it came, exactly
+        if dtypes and (command != "train" or precision == "bf16-pure"):
+            with torch.no_grad():
+                for p, dtype in dtypes:  # bf16 weights and fp32 islands, as they came
+                    p.data = p.data.to(dtype)
 
 
 def _say_what_is_handed_back(stored, precision):
@@ -406,6 +456,26 @@ def _say_what_is_handed_back(stored, precision):
     elif stored is None and precision == "bf16-pure":
         print("mixtrain: notice: bf16-pure trained bf16 weights: the model's fp32 parameters now hold bfloat16 values, "
               "as Result.valid measured them")
+
+
+def _kept_in_fp32(model):
+    """The modules of a bf16 model that hold fp32 parameters (Hugging Face's
+    _keep_in_fp32_modules shape), when every other parameter is bf16 and every fp32
+    one is a module's own; else []."""
+    if not isinstance(model, torch.nn.Module) or isinstance(model, torch.jit.ScriptModule):
+        return []
+    floats = [p for p in model.parameters() if p.is_floating_point()]
+    if {p.dtype for p in floats} != {torch.bfloat16, torch.float32}:
+        return []
+    islands, kept = [], set()
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
+        if name and own and all(p.dtype == torch.float32 for p in own):
+            islands.append(name)
+            kept.update(id(p) for p in own)
+    if not all(id(p) in kept for p in floats if p.dtype == torch.float32):
+        return []  # an fp32 parameter beside bf16 ones in one module: not an island
+    return islands
 
 
 def _stored_dtype(model):
@@ -630,6 +700,7 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
             run = _Run(out)
             try:
                 native = _native.run("doctor", None, "", [], torch.empty(0), [], None, settings, run.folder, run.keep)
+                _say_warnings(native, 2)
             finally:
                 run.close()
             return Diagnosis(native, "the run's own model (%s)" % extra["from_run"], dict(native["charts"]))
@@ -686,7 +757,7 @@ def train(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **opti
                                 lambda m: "held by the returned model%s (no out= folder, so no file)" % (
                                     ", for inspection only" if m.group(1) else ""), result.stopped)
     if result.stopped:
-        warnings.warn("mixtrain.train stopped: " + result.stopped, RuntimeWarning, stacklevel=2)
+        warnings.warn("mixtrain.train stopped: " + result.stopped, MixtrainWarning, stacklevel=2)
     return result
 
 

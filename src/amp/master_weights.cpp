@@ -53,8 +53,12 @@ std::unique_ptr<torch::optim::Optimizer> rebuilt_optimizer(Learner& learn,
     new_groups.emplace_back(groups[i], old.param_groups()[i].options().clone());
   }
   auto fresh = learn.options().opt_func()(all, get_lr(old));
+  // Adagrad makes its state in its constructor, which add_param_group refuses: set aside.
+  auto made = std::move(fresh->state());
+  fresh->state().clear();
   fresh->param_groups().clear();
   for (auto& g : new_groups) fresh->add_param_group(g);
+  fresh->state() = std::move(made);
   // The state moves with the values (the masters take over the model's moments, and
   // give them back on to_fp32): a run continued in another mode keeps its optimizer
   // state. A flat master is one tensor for many: its state starts afresh.

@@ -1,8 +1,11 @@
 #include "mixtrain/amp/pure_bf16.h"
 
+#include "mixtrain/models/norm_layer.h"
+
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/compat.h"
 #include "mixtrain/core/learner.h"
+#include "mixtrain/core/optimizers.h"
 #include "mixtrain/util/option_error.h"
 
 #include "util/archive_util.h"
@@ -14,23 +17,12 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <unordered_set>
 #include <cmath>
 
 namespace mixtrain::amp {
 
 namespace {
-
-bool known_optimizer(torch::optim::Optimizer& opt) {
-  return dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::Adam*>(&opt) ||
-         dynamic_cast<torch::optim::SGD*>(&opt) || dynamic_cast<torch::optim::RMSprop*>(&opt) ||
-         dynamic_cast<torch::optim::Adagrad*>(&opt);
-}
-
-/// State bytes per parameter element that each optimizer keeps in bf16 (2 bytes a tensor).
-int64_t state_tensors_per_param(torch::optim::Optimizer& opt) {
-  if (dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::Adam*>(&opt)) return 2;
-  return 1;  // SGD's momentum buffer, RMSprop's square average, Adagrad's sum
-}
 
 uint64_t stream_of(int64_t step, size_t param) {
   return static_cast<uint64_t>(step) * 0x100000001b3ull + static_cast<uint64_t>(param);
@@ -46,7 +38,8 @@ std::string PureBf16::mode_tag() const { return "pure:BFloat16"; }
 void PureBf16::prepare(Learner& learn) {
   torch::nn::Module& module = learn.model().module();
   if (prepared_for_module_ == &module) return;
-  if (!known_optimizer(learn.opt()))
+  const std::optional<int64_t> states = state_tensors_per_param(learn.opt());
+  if (!states)
     throw OptionError("precision", Phrase::setting("precision", "bf16-pure") +
                                        " rounds the optimizer state of AdamW, Adam, SGD, RMSprop and Adagrad; this "
                                        "Learner's optimizer is none of them (use one of those, or " +
@@ -56,25 +49,30 @@ void PureBf16::prepare(Learner& learn) {
   torch::NoGradGuard no_grad;
   std::vector<Param> params;
   int64_t weight_bytes = 0, grad_bytes = 0, state_bytes = 0, compensation_bytes = 0;
-  const int64_t states = state_tensors_per_param(learn.opt());
+  state_tensors_ = *states;
+  std::unordered_set<const void*> normed;  // the parameters of norm layers
+  for (const auto& m : module.named_modules())
+    if (is_norm_layer(*m.value()))
+      for (const auto& p : m.value()->parameters(/*recurse=*/false)) normed.insert(p.unsafeGetTensorImpl());
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     torch::Tensor w = item.value();
     const int64_t n = w.numel();
     if (in_island.count(w.unsafeGetTensorImpl())) {  // an island: fp32 weight, gradient and state
       weight_bytes += 4 * n;
       grad_bytes += 4 * n;
-      state_bytes += 4 * states * n;
+      state_bytes += 4 * *states * n;
       continue;
     }
     TORCH_CHECK(w.scalar_type() == torch::kFloat, "bf16-pure trains fp32-stored parameters, but ", item.key(), " is ",
                 w.scalar_type(), " (give the Learner the model as it is; the mode rounds it)");
     weight_bytes += 2 * n;
     grad_bytes += 2 * n;
-    state_bytes += 2 * states * n;
+    state_bytes += 2 * *states * n;
     round_to_bf16_(w);  // the weights hold bf16 values from the start (a write to a bf16 weight is rounded)
     if (!w.requires_grad()) continue;  // frozen: nothing updates it, but it is stored in bf16
     Param p;
     p.name = item.key();
+    p.in_norm_layer = normed.count(w.unsafeGetTensorImpl()) > 0;
     p.weight = w;
     p.before = torch::empty_like(w);
     if (rule_ == WeightUpdate::kKahan) {
@@ -148,7 +146,7 @@ void PureBf16::after_step(Learner& learn) {
     p.total += s;
     this_step += s;
     if (auto* st = compat::optimizer_state_of(learn.opt(), p.weight)) {
-      const auto tensors = optimizer_state_tensors(*st);
+      const auto tensors = mixtrain::state_tensors(*st);
       if (tensors)
         for (torch::Tensor* t : *tensors)
           if (t->defined() && t->scalar_type() == torch::kFloat && t->numel() > 0) round_to_bf16_(*t);
@@ -201,7 +199,44 @@ std::optional<LostUpdateReport> PureBf16::lost_updates() const {
   std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.fraction > b.fraction; });
   if (rows.size() > 8) rows.resize(8);
   r.worst = std::move(rows);
+  choose_islands(r);
   return r;
+}
+
+void PureBf16::choose_islands(LostUpdateReport& r) const {
+  // A module is a candidate when one of its own trainable parameters never moved or lost
+  // nearly every update (a norm's gain, while its bias moves): in fp32 it would learn. Norm layers first (their gains are small and often
+  // never move in bf16), then the smallest, within the budget.
+  struct Module {
+    std::string name;
+    int64_t numel = 0;
+    bool norm = false, lost = false;
+  };
+  std::vector<Module> modules;
+  for (const auto& p : params_) {
+    r.params += p.weight.numel();
+    const size_t dot = p.name.rfind('.');
+    const std::string name = dot == std::string::npos ? std::string() : p.name.substr(0, dot);
+    auto m = std::find_if(modules.begin(), modules.end(), [&](const Module& x) { return x.name == name; });
+    if (m == modules.end()) m = modules.insert(modules.end(), Module{name});
+    m->numel += p.weight.numel();
+    m->norm = m->norm || p.in_norm_layer;
+    m->lost = m->lost || (p.total.intended > 0 && p.total.fraction() >= kIslandLostShare);
+  }
+  modules.erase(std::remove_if(modules.begin(), modules.end(), [](const Module& m) { return m.name.empty() || !m.lost; }),
+                modules.end());
+  std::stable_sort(modules.begin(), modules.end(),
+                   [](const Module& a, const Module& b) { return a.norm != b.norm ? a.norm : a.numel < b.numel; });
+  // A share of the model, or a few thousand elements, whichever is more (a small model's
+  // norm is a large share of it, but still a few KiB).
+  const int64_t budget = std::max(static_cast<int64_t>(kIslandBudget * static_cast<double>(r.params)), kIslandBudgetElements);
+  for (const auto& m : modules) {
+    if (r.island_params + m.numel > budget) continue;
+    r.islands.push_back(m.name);
+    r.island_params += m.numel;
+  }
+  // fp32 instead of bf16: 2 more bytes for the weight, 2 for its gradient, 2 per state tensor.
+  r.island_extra_bytes = r.island_params * (4 + 2 * state_tensors_);
 }
 
 namespace {

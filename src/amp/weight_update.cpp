@@ -201,22 +201,4 @@ void round_to_bf16_(torch::Tensor& t) {
   t.copy_(t.to(torch::kBFloat16));
 }
 
-std::optional<std::vector<torch::Tensor*>> optimizer_state_tensors(torch::optim::OptimizerParamState& s) {
-  std::vector<torch::Tensor*> out;
-  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(&s)) {
-    out = {&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()};
-  } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(&s)) {
-    out = {&b->exp_avg(), &b->exp_avg_sq(), &b->max_exp_avg_sq()};
-  } else if (auto* c = dynamic_cast<torch::optim::SGDParamState*>(&s)) {
-    out = {&c->momentum_buffer()};
-  } else if (auto* d = dynamic_cast<torch::optim::RMSpropParamState*>(&s)) {
-    out = {&d->square_avg(), &d->momentum_buffer(), &d->grad_avg()};
-  } else if (auto* e = dynamic_cast<torch::optim::AdagradParamState*>(&s)) {
-    out = {&e->sum()};
-  } else {
-    return std::nullopt;
-  }
-  return out;
-}
-
 } // namespace mixtrain::amp

@@ -91,7 +91,9 @@ void SummaryWriter::after_fit(Learner& learn) {
     j["lost_updates"] = {{"weight_update", lost->rule},   {"intended", lost->intended},
                          {"lost", lost->lost},            {"fraction", lost->fraction},
                          {"norm_ratio", lost->norm_ratio}, {"per_epoch", lost->fraction_per_epoch},
-                         {"worst", worst}};
+                         {"worst", worst},                {"means", lost_updates_meaning(lost->rule)},
+                         {"islands", lost->islands},      {"island_params", lost->island_params},
+                         {"island_extra_bytes", lost->island_extra_bytes}};
   }
   for (const auto& kv : options_.text()) j[kv.first] = kv.second;
   for (const auto& kv : options_.integers()) j[kv.first] = kv.second;

@@ -22,17 +22,11 @@
 namespace mixtrain {
 
 OptimizerFactory adamw(double beta1, double beta2, double eps, double weight_decay) {
-  return [=](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay));
-  };
+  return optimizer(OptimizerSettings().kind(OptimizerKind::kAdamW).mom(beta1).sqr_mom(beta2).eps(eps).wd(weight_decay));
 }
 
 OptimizerFactory sgd(double momentum, double weight_decay) {
-  return [=](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
-  };
+  return optimizer(OptimizerSettings().kind(OptimizerKind::kSgd).mom(momentum).wd(weight_decay));
 }
 
 namespace {
@@ -76,15 +70,6 @@ Learner::Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOpti
 namespace {
 
 /// Weight decay 0 in `o`, for the optimizers libtorch ships; false for another type.
-bool zero_weight_decay(torch::optim::OptimizerOptions& o) {
-  namespace optim = torch::optim;
-  if (auto* a = dynamic_cast<optim::AdamWOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::AdamOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::SGDOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::RMSpropOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::AdagradOptions*>(&o)) return a->weight_decay(0), true;
-  return false;
-}
 
 /// The parameters of `model` that `pick(module, name)` chooses, by identity;
 /// `name` is the parameter's name within its own module ("weight", "bias").
@@ -153,8 +138,13 @@ torch::optim::Optimizer& Learner::opt() {
       group_of_opt_group_.push_back(static_cast<int64_t>(g));
     }
   }
+  // Adagrad makes its state in its constructor, and add_param_group refuses a parameter
+  // that has state: the state is set aside while the groups are rebuilt (its step needs it).
+  auto state = std::move(opt->state());
+  opt->state().clear();
   opt->param_groups().clear();
   for (auto& group : built) opt->add_param_group(group);
+  opt->state() = std::move(state);
   opt_ = std::move(opt);
   return *opt_;
 }

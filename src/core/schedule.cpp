@@ -1,5 +1,7 @@
 #include "mixtrain/core/schedule.h"
 
+#include "mixtrain/core/optimizers.h"
+
 #include "mixtrain/core/learner.h"
 
 #include <torch/optim.h>
@@ -66,17 +68,6 @@ double get_lr(const torch::optim::Optimizer& opt) {
   return opt.param_groups().back().options().get_lr();
 }
 
-namespace {
-/// Where an optimizer's options keep the momentum fastai schedules: beta1 for
-/// Adam/AdamW, momentum for SGD/RMSprop; nullptr for an optimizer without one.
-double* momentum_of(torch::optim::OptimizerOptions& o) {
-  if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &std::get<0>(adamw->betas());
-  if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &std::get<0>(adam->betas());
-  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&o)) return &sgd->momentum();
-  if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return &rms->momentum();
-  return nullptr;
-}
-} // namespace
 
 double get_mom(const torch::optim::Optimizer& opt) {
   if (opt.param_groups().empty()) return std::numeric_limits<double>::quiet_NaN();

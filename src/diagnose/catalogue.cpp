@@ -276,16 +276,15 @@ std::vector<Fix> gradient_overflow_trials(const Diagnosis& d, const CompareOptio
 
 // ---- lost_updates: 16-bit weights round their updates away ---------------------
 
-/// The modules of the parameters that lost (almost) every update, worst first.
-std::vector<std::string> modules_that_lost(const LostUpdateReport& lost) {
-  std::vector<std::string> modules;
-  for (const auto& p : lost.worst) {
-    if (p.fraction < 0.9 || modules.size() >= 3) break;
-    const size_t dot = p.name.rfind('.');
-    const std::string module = dot == std::string::npos ? std::string() : p.name.substr(0, dot);
-    if (!module.empty() && std::find(modules.begin(), modules.end(), module) == modules.end()) modules.push_back(module);
-  }
-  return modules;
+/// What an island for lost updates costs, in words: "1,024 parameters (0.5% of the
+/// model), 8 KiB more".
+std::string island_cost(const LostUpdateReport& lost) {
+  const double share = lost.params > 0 ? 100.0 * static_cast<double>(lost.island_params) / static_cast<double>(lost.params) : 0;
+  const double bytes = static_cast<double>(lost.island_extra_bytes);
+  const std::string size = bytes >= 1 << 20 ? short_number(bytes / (1 << 20), 3) + " MiB"
+                           : bytes >= 1 << 10 ? short_number(bytes / (1 << 10), 3) + " KiB"
+                                              : short_number(bytes, 3) + " bytes";
+  return std::to_string(lost.island_params) + " parameters (" + short_number(share, 2) + "% of the model), " + size + " more";
 }
 
 std::string joined(const std::vector<std::string>& names) {
@@ -331,10 +330,9 @@ std::optional<Ruling> updates_round_away(RuleInput& in) {
                     "): unbiased, no extra memory");
   r.fixes.push_back("carry what rounding drops to the next step (" + Phrase::setting("weight_update", "kahan") +
                     "): 2 more bytes per parameter");
-  const std::vector<std::string> modules = modules_that_lost(lost);
-  if (!modules.empty())
-    r.fixes.push_back("keep " + joined(modules) + " in fp32 (" + Phrase::setting("keep_fp32", joined(modules)) +
-                      "): their weights and state stay fp32");
+  if (!lost.islands.empty())
+    r.fixes.push_back("keep " + joined(lost.islands) + " in fp32 (" + Phrase::setting("keep_fp32", joined(lost.islands)) +
+                      "): they lost nearly every update; in fp32 they learn, for " + island_cost(lost));
   r.fixes.push_back("keep fp32 weights: " + Phrase::setting("precision", "bf16-master") + " (fp32 masters) or " +
                     Phrase::setting("precision", "bf16") + " (autocast), about twice the memory");
   r.headline = "lost_updates: " + in.mixed_name + " learns less than fp32: " + pct(lost.fraction) +
@@ -342,18 +340,26 @@ std::optional<Ruling> updates_round_away(RuleInput& in) {
   return r;
 }
 
-// The cures, cheapest first: stochastic rounding, Kahan, islands for the modules
-// that lost most, fp32 weights (masters, then autocast). The proven fix is the
+// The cures, cheapest first: stochastic rounding, islands for the modules that lost
+// nearly every update (before Kahan when they cost less than its 2 bytes a parameter),
+// Kahan, fp32 weights (masters, then autocast). The proven fix is the
 // cheapest that trains like fp32.
 std::vector<Fix> lost_updates_trials(const Diagnosis& d, const CompareOptions&) {
-  std::vector<Fix> out{{"round the update stochastically", {{"weight_update", "stochastic"}}},
-                       {"Kahan-compensated updates", {{"weight_update", "kahan"}}}};
-  if (d.evidence.mixed && d.evidence.mixed->lost) {
-    const std::vector<std::string> modules = modules_that_lost(*d.evidence.mixed->lost);
-    if (!modules.empty()) out.push_back({"keep " + joined(modules) + " in fp32", {{"keep_fp32", joined(modules)}}});
+  // What each costs beyond bf16-pure, at least: Kahan's compensation 2 bytes a parameter;
+  // fp32 masters a 4-byte copy; autocast fp32 weights and gradients (2 + 2 more).
+  std::vector<Fix> out{{"round the update stochastically", {{"weight_update", "stochastic"}}, 0},
+                       {"Kahan-compensated updates", {{"weight_update", "kahan"}}, 2}};
+  if (d.evidence.mixed && d.evidence.mixed->lost && !d.evidence.mixed->lost->islands.empty()) {
+    const LostUpdateReport& lost = *d.evidence.mixed->lost;
+    const double island_bytes =
+        lost.params > 0 ? static_cast<double>(lost.island_extra_bytes) / static_cast<double>(lost.params) : 0;
+    const Fix island{"keep " + joined(lost.islands) + " in fp32", {{"keep_fp32", joined(lost.islands)}}, island_bytes};
+    // Cheapest first: an island that costs less than Kahan's 2 bytes a parameter goes before it.
+    const bool cheaper_than_kahan = lost.params > 0 && lost.island_extra_bytes < 2 * lost.params;
+    out.insert(out.begin() + (cheaper_than_kahan ? 1 : 2), island);
   }
-  out.push_back({"fp32 master weights", {{"precision", "bf16-master"}, {"weight_update", "nearest"}}});
-  out.push_back({"bf16 autocast with fp32 weights", {{"precision", "bf16"}, {"weight_update", "nearest"}}});
+  out.push_back({"fp32 master weights", {{"precision", "bf16-master"}, {"weight_update", "nearest"}}, 4});
+  out.push_back({"bf16 autocast with fp32 weights", {{"precision", "bf16"}, {"weight_update", "nearest"}}, 4});
   return out;
 }
 
@@ -428,6 +434,22 @@ std::optional<Ruling> trains_like_fp32(RuleInput& in) {
   Ruling r;
   r.headline = "healthy: " + in.mixed_name + " trains like fp32" +
                (in.gap ? " (final loss within " + short_number(std::abs(*in.gap), 2) + "%)" : std::string());
+  // Healthy, and still worth knowing: updates bf16 rounded away at no cost here, and
+  // parameters that never moved (a fresh norm gain stays exactly 1.0 in bf16).
+  if (in.mixed && in.mixed->lost && in.mixed->lost->intended > 0) {
+    const LostUpdateReport& lost = *in.mixed->lost;
+    if (!lost.keeps_dropped && lost.fraction >= kLostUpdatesProblem)
+      r.findings.push_back(pct(lost.fraction) + " of single weight updates rounded away in bf16, at no cost here: " +
+                           in.mixed_name + " made the progress fp32 made");
+    std::vector<std::string> never;
+    for (const auto& p : lost.worst)
+      if (p.never_moved) never.push_back(p.name);
+    if (!never.empty())
+      r.findings.push_back("never moved (still their initial values): " + joined(never) +
+                           (lost.islands.empty() ? Phrase()
+                                                 : "; in fp32 they would learn (" + Phrase::setting("keep_fp32", joined(lost.islands)) +
+                                                       ", " + island_cost(lost) + ")"));
+  }
   return r;
 }
 

@@ -38,7 +38,7 @@ double bytes_per_param(Learner& learn) {
   if (params == 0) return 0;
   if (learn.has_opt())
     for (auto& kv : learn.opt().state())
-      if (const auto tensors = amp::optimizer_state_tensors(*kv.second))
+      if (const auto tensors = mixtrain::state_tensors(*kv.second))
         for (const torch::Tensor* t : *tensors)
           if (t->defined()) state += t->numel() * static_cast<int64_t>(t->element_size());
   const auto pc = learn.precision_cb();
@@ -227,13 +227,17 @@ void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o)
     report_progress(d, o);
     const Trial& t = d.trials.back();
     // Cheapest first: a fix never costs less than the run it fixes (fixes add fp32, not
-    // take it away), so a proven one at that cost cannot be beaten by a cheaper one waiting.
+    // take it away), and some are known to cost more (Fix::min_extra_bytes). Once one is
+    // proven, the waiting fixes that cannot be cheaper than it are not tried.
     const double floor = d.evidence.mixed ? d.evidence.mixed->bytes_per_param : NAN;
     const size_t waiting = queue.size() - i - 1;
-    if (t.proven() && waiting > 0 && std::isfinite(floor) && std::isfinite(t.run.bytes_per_param) &&
-        t.run.bytes_per_param <= floor + 1e-9) {
+    const bool none_cheaper =
+        std::isfinite(floor) && std::isfinite(t.run.bytes_per_param) &&
+        std::all_of(queue.begin() + static_cast<std::ptrdiff_t>(i) + 1, queue.end(),
+                    [&](const Fix& f) { return floor + f.min_extra_bytes >= t.run.bytes_per_param - 1e-9; });
+    if (t.proven() && waiting > 0 && none_cheaper) {
       d.trials_stopped = "the proven fix costs " + mixtrain::detail::short_number(t.run.bytes_per_param, 3) +
-                         " bytes a parameter, no more than the run it fixes: none of the " + std::to_string(waiting) +
+                         " bytes a parameter: none of the " + std::to_string(waiting) +
                          " fix(es) still waiting could be cheaper";
       break;
     }

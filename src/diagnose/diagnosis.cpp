@@ -123,7 +123,8 @@ nlohmann::json run_json(const RunEvidence& r) {
                    {"bytes_per_param", json_number(r.bytes_per_param)}};
   if (r.lost)
     j["lost_updates"] = {{"weight_update", r.lost->rule}, {"fraction", r.lost->fraction},
-                         {"norm_ratio", r.lost->norm_ratio}, {"per_epoch", r.lost->fraction_per_epoch}};
+                         {"norm_ratio", r.lost->norm_ratio}, {"per_epoch", r.lost->fraction_per_epoch},
+                         {"means", lost_updates_meaning(r.lost->rule)}};
   for (size_t i = 0; i < r.metric_names.size() && i < r.metrics.size(); ++i) j[r.metric_names[i]] = json_number(r.metrics[i]);
   if (s.has_scale)
     j["scale_history"] = {{"skipped_steps", s.skipped},

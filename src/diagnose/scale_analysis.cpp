@@ -73,30 +73,29 @@ bool skips_are_a_problem(const ScaleAnalysis& a) {
   return a.has_scale && a.skip_rate > kSkipRateProblem && (a.skipped == 0 || a.skipped > kCalibrationSkips);
 }
 
-std::string fit_warning(const ScaleAnalysis& a) {
-  if (!a.has_scale || a.steps == 0 || (!skips_are_a_problem(a) && !a.collapsed)) return "";
+Phrase fit_warning(const ScaleAnalysis& a) {
+  if (!a.has_scale || a.steps == 0 || (!skips_are_a_problem(a) && !a.collapsed)) return Phrase();
+  // What the run measured, said as facts. Which verdict they make (forward_overflow,
+  // gradient_overflow, underflow) takes evidence a run does not keep: where the overflow
+  // happens (the doctor's trace) and what fp32 does with the same batches.
   std::ostringstream s;
   s.precision(3);
   s << a.skipped << " of " << a.steps << " steps (" << 100 * a.skip_rate << "%) were skipped for inf/NaN gradients";
-  // NaN/inf losses from the first epoch: the forward pass overflows, and the scaler
-  // can do nothing about it (the doctor's forward_overflow rule says the same).
-  if (a.nonfinite_losses > 0 && a.first_nonfinite_epoch == 0 && !a.collapsed) {
-    s << " and " << a.nonfinite_losses << " losses were NaN/inf, the first at step " << a.first_nonfinite_step
-      << ": likely " << to_string(Verdict::kForwardOverflow)
-      << " (an fp16 activation overflows; the loss scale cannot help); run `mixtrain doctor` to find the op and "
-         "the module to keep in fp32";
-    return s.str();
-  }
   if (a.collapsed)
     s << " and the loss scale collapsed (" << a.initial_scale << " -> lowest " << a.min_scale << " after " << a.backoffs
-      << " back-offs): likely " << to_string(Verdict::kGradientOverflow);
-  else
-    s << ", so training did less than it seems: likely " << to_string(Verdict::kUnderflow) << " (too many skipped steps)";
-  if (a.settling_steps * 2 >= a.skipped)
-    s << "; " << a.settling_steps << " of them were the first steps, backing off from the initial scale "
-      << a.initial_scale << " (start lower: init_scale)";
-  s << "; run diagnose::compare or `mixtrain doctor` for the evidence and the fixes";
-  return s.str();
+      << " back-offs)";
+  if (a.nonfinite_losses > 0)
+    s << "; " << a.nonfinite_losses << " loss" << (a.nonfinite_losses == 1 ? " was" : "es were") << " NaN/inf, the first at step "
+      << a.first_nonfinite_step << " (a loss is computed before any scaling: the forward pass overflowed there)";
+  Phrase out = s.str();
+  if (a.settling_steps * 2 >= a.skipped && a.nonfinite_losses == 0) {
+    std::ostringstream settling;
+    settling.precision(3);
+    settling << "; " << a.settling_steps << " of them were the first steps, backing off from the initial scale " << a.initial_scale
+             << " (start lower: ";
+    out += settling.str() + Phrase::name("init_scale") + ")";
+  }
+  return out + "; " + Phrase::doctor() + " tells which problem this is (it traces the overflow to its op and compares with fp32) and proves a fix";
 }
 
 } // namespace mixtrain::diagnose

@@ -241,24 +241,6 @@ bool weights_finite(Learner& learn) {
   return true;
 }
 
-/// The doctor's files (diagnosis.json, its charts) in its own folder, and the report,
-/// followed by `next` (what to run with the proven fix, in the front end's words).
-void write_branch_outputs(const diagnose::Diagnosis& d, const RunFolder& folder, const OptionWords& words, bool report_files,
-                          const std::string& next) {
-  write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
-  std::vector<std::string> written{folder.file("diagnosis.json")};
-  for (const auto& [name, svg] : doctor_charts(d)) {
-    write_file_atomically(folder.file(name + ".svg"), svg);
-    written.push_back(folder.file(name + ".svg"));
-  }
-  std::cout << "\n" << d.report(words) << next;
-  if (report_files) {
-    std::cout << "written:";
-    for (const auto& w : written) std::cout << " " << w;
-  }
-  std::cout << std::endl;
-}
-
 } // namespace
 
 diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopFlags& stop) {
@@ -439,7 +421,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   if (d.proven_fix)
     next = "continue the run with it: mixtrain train --from " + from + " --at " + std::to_string(replay.step) + " --out NEW_DIR " +
            d.trials[*d.proven_fix].settings_in(flag_words()) + "\n";
-  write_branch_outputs(d, folder, words, a.report_files, next);
+  write_doctor_outputs(d, folder, words, a, next);
   return d;
 }
 
@@ -735,7 +717,7 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
                                                    window);
   replay.seconds = arms_seconds;
   d.replay = replay;
-  write_branch_outputs(d, folder, words, a.report_files, "");
+  write_doctor_outputs(d, folder, words, a, "");
   return d;
 }
 

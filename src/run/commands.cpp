@@ -460,7 +460,8 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   const auto split = load_split(a, /*world_size=*/1);
   // The model's fit to the data is checked before the folder is created.
   const auto learner = build_learner(a, split, /*progress=*/false);
-  set_precision(*learner, r);
+  // Without the fit warning: the sweep starts at a learning rate that loses bf16 updates by design.
+  learner->set_precision(r.precision, PrecisionOptions(r.precision_options).rounding_seed(r.seed));
   if (a.out.empty()) a.out = RunFolder::default_path("lr_find-");
   const RunFolder folder(a.out);
   folder.prepare();
@@ -565,19 +566,24 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
     throw;
   }
 
+  write_doctor_outputs(d, folder, words, a, "");
+  return d;
+}
+
+void write_doctor_outputs(const diagnose::Diagnosis& d, const RunFolder& folder, const OptionWords& words, const RunArgs& a,
+                          const std::string& next) {
   write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
   std::vector<std::string> written{folder.file("diagnosis.json")};
   for (const auto& [name, svg] : doctor_charts(d)) {
     write_file_atomically(folder.file(name + ".svg"), svg);
     written.push_back(folder.file(name + ".svg"));
   }
-  std::cout << "\n" << d.report(words);
+  if (a.says_report) std::cout << "\n" << d.report(words) << next;
   if (a.report_files) {
     std::cout << "written:";
     for (const auto& w : written) std::cout << " " << w;
   }
   std::cout << std::endl;
-  return d;
 }
 
 void apply_setting(const diagnose::Setting& setting, diagnose::MixedRun& run) {

@@ -7,6 +7,7 @@
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/util/option_error.h"
+#include "mixtrain/util/warnings.h"
 #include "mixtrain/run/model_registry.h"
 #include "mixtrain/models/failure_site.h"
 #include "mixtrain/models/scripted_model.h"
@@ -65,11 +66,9 @@ void warn_nonfinite_inputs(const data::DatasetSplit& split) {
       values += x.numel();
     }
     if (bad == 0) continue;
-    std::cerr << "mixtrain: warning: the " << which << " inputs hold " << bad << " NaN/inf value" << (bad == 1 ? "" : "s")
-              << " (of " << values << "): "
-              << (std::string(which) == "training" ? "a batch holding one makes the loss NaN"
-                                                   : "the validation loss and metrics will be NaN")
-              << std::endl;
+    warn(std::string("the ") + which + " inputs hold " + std::to_string(bad) + " NaN/inf value" + (bad == 1 ? "" : "s") +
+         " (of " + std::to_string(values) + "): " +
+         (std::string(which) == "training" ? "a batch holding one makes the loss NaN" : "the validation loss and metrics will be NaN"));
   }
 }
 
@@ -214,7 +213,8 @@ std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSpli
   check_class_targets(r, probe, split);
   check_model_fits_data(model, loss, split.valid, "the validation data");
   auto options = LearnerOptions().metrics(metrics_for(r, split, probe)).progress(progress).wd_bn_bias(r.wd_bn_bias);
-  if (a.loop) options.opt_func(loop_optimizer(*a.loop, model));  // the training loop's own optimizer
+  options.opt_func(a.loop ? loop_optimizer(*a.loop, model)  // the training loop's own optimizer
+                          : optimizer(r.opt));
   // A split point that names no layer is an OptionError("split_at") from the constructor (the splitter runs there).
   if (!r.split_at.empty()) options.splitter(split_at(split_names(r.split_at)));
   auto learn = std::make_unique<Learner>(std::move(model), data::DataLoaders::from_split(split, r.bs, r.seed),

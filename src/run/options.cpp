@@ -109,6 +109,12 @@ struct Def {
     o.set = std::move(set);
     return *this;
   }
+  /// A getter and a setter, as access() takes them.
+  struct Access {
+    std::function<std::string(const RunArgs&)> get;
+    std::function<void(RunArgs&, const std::string&)> set;
+  };
+  Def& access(Access a) { return access(std::move(a.get), std::move(a.set)); }
   /// A field reached through `at` (a member of RunArgs or of its config).
   template <typename T, typename At>
   Def& field(At at) {
@@ -297,6 +303,46 @@ std::vector<Option> make_table() {
           .stored().no_default().at_least(0).field<double>(MIXTRAIN_CONFIG(clip)));
   add(Def("accum", "--accum", ValueType::kInt, kT | kD | kL, "Accumulate gradients over N batches per optimizer step")
           .stored().at_least(1).field<int64_t>(MIXTRAIN_CONFIG(accum)));
+  // The optimizer (core/optimizers.h): its kind and fastai's knobs. A knob left unset takes
+  // the kind's default; what the table reads back (help, args.json) is the value in use.
+  std::vector<std::pair<std::string, OptimizerKind>> kinds;
+  for (OptimizerKind k : {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd, OptimizerKind::kRmsprop,
+                          OptimizerKind::kAdagrad})
+    kinds.emplace_back(optimizer_name(k), k);
+  add(Def("opt", "--opt", ValueType::kText, kT | kD | kL,
+          "Optimizer: adamw (fastai's default), adam, sgd, rmsprop or adagrad, with fastai's defaults for each")
+          .added_later().choice(kinds, [](RunArgs& a) -> OptimizerKind& { return a.config.opt.kind(); }));
+  using Field = double& (*)(OptimizerSettings&);
+  const auto knob = [](const char* key, Field field, double lo, bool lo_excluded, double hi) {
+    return Def::Access{
+        [field](const RunArgs& a) {
+          OptimizerSettings in_use = a.config.opt.resolved();
+          return format_number(field(in_use));
+        },
+        [key, field, lo, lo_excluded, hi](RunArgs& a, const std::string& t) {
+          const double v = parse_double(key, t);
+          if (!std::isfinite(v)) throw OptionError(key, t, "must be a finite number");
+          if (v < lo || (lo_excluded && v == lo) || v >= hi)
+            throw OptionError(key, t, std::string("must be ") + (lo_excluded ? "> " : ">= ") + format_number(lo) +
+                                          (std::isinf(hi) ? std::string() : " and < " + format_number(hi)));
+          field(a.config.opt) = v;
+        }};
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  add(Def("mom", "--mom", ValueType::kNumber, kT | kD | kL,
+          "Momentum: Adam's beta1, SGD's and RMSprop's momentum (default: 0.9 for adamw/adam, 0 for sgd/rmsprop; "
+          "fit_one_cycle cycles it 0.95 -> 0.85 -> 0.95)")
+          .added_later().no_default().access(knob("mom", [](OptimizerSettings& o) -> double& { return o.mom(); }, 0, false, 1)));
+  add(Def("sqr_mom", "--sqr-mom", ValueType::kNumber, kT | kD | kL,
+          "The squared gradients' moving average: Adam's beta2, RMSprop's alpha (default: 0.99)")
+          .added_later().no_default().access(knob("sqr_mom", [](OptimizerSettings& o) -> double& { return o.sqr_mom(); }, 0, false, 1)));
+  add(Def("eps", "--eps", ValueType::kNumber, kT | kD | kL,
+          "The optimizer's epsilon (default: 1e-5 for adamw/adam, 1e-8 for rmsprop, 1e-10 for adagrad)")
+          .added_later().no_default().access(knob("eps", [](OptimizerSettings& o) -> double& { return o.eps(); }, 0, true, inf)));
+  add(Def("wd", "--wd", ValueType::kNumber, kT | kD | kL,
+          "Weight decay: decoupled for adamw, added to the gradient for the others (default: 0.01 for adamw/adam, 0 "
+          "for the others)")
+          .added_later().no_default().access(knob("wd", [](OptimizerSettings& o) -> double& { return o.wd(); }, 0, false, inf)));
   add(Def("wd_bn_bias", "--wd-bn-bias", ValueType::kSwitch, kT | kD | kL,
           "Apply weight decay to norm layers' parameters and biases too (fastai's wd_bn_bias; default: not)")
           .added_later().no_default().field<bool>(MIXTRAIN_CONFIG(wd_bn_bias)));
@@ -522,7 +568,8 @@ const OptionWords& flag_words() {
         if (!o || o->flag.empty()) return key + " " + value;
         if (o->type == ValueType::kSwitch) return value == "true" ? o->flag : "drop " + o->flag;
         return o->flag + " " + value;
-      }};
+      },
+      "`mixtrain doctor`"};
   return kWords;
 }
 
@@ -535,7 +582,8 @@ const OptionWords& keyword_words() {
                                     if (type == ValueType::kText) return key + "=\"" + value + "\"";
                                     if (type == ValueType::kList) return key + "=[" + detail::quoted_list(value) + "]";
                                     return key + "=" + value;
-                                  }};
+                                  },
+                                  "`mixtrain.doctor()`"};
   return kWords;
 }
 

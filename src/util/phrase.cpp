@@ -76,6 +76,12 @@ Phrase Phrase::setting(std::string key, std::string value) {
   return p;
 }
 
+Phrase Phrase::doctor() {
+  Phrase p;
+  p.parts_.push_back({Part::kDoctor, {}, {}});
+  return p;
+}
+
 Phrase& Phrase::operator+=(const Phrase& other) {
   parts_.insert(parts_.end(), other.parts_.begin(), other.parts_.end());
   return *this;
@@ -88,6 +94,7 @@ std::string Phrase::str(const OptionWords& words) const {
       case Part::kText: out += p.text; break;
       case Part::kName: out += words.name(p.text); break;
       case Part::kSetting: out += words.setting(p.text, p.value); break;
+      case Part::kDoctor: out += words.doctor; break;
     }
   }
   return out;
@@ -96,7 +103,7 @@ std::string Phrase::str(const OptionWords& words) const {
 std::vector<std::string> Phrase::keys() const {
   std::vector<std::string> out;
   for (const auto& p : parts_)
-    if (p.kind != Part::kText) out.push_back(p.text);
+    if (p.kind == Part::kName || p.kind == Part::kSetting) out.push_back(p.text);
   return out;
 }
 

@@ -6,8 +6,10 @@ import copy
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+import warnings
 from typing import Dict
 
 import pytest
@@ -287,10 +289,13 @@ def test_a_second_train_into_the_same_out_is_refused_and_a_stop_without_out_name
     mixtrain.train(Mlp(), (x, y), epochs=1, out=tmp_path / "run", force=True, **FAST)
     bad = x.clone()
     bad[:, 0] = float("nan")
-    with pytest.warns(RuntimeWarning) as caught:
+    with pytest.warns(mixtrain.MixtrainWarning) as caught:  # a RuntimeWarning
         r = mixtrain.train(Mlp(), (bad, y), epochs=1, **FAST)
     assert r.stopped and "held by the returned model" in r.stopped and "checkpoint-" not in r.stopped, r.stopped
-    assert len(caught) == 1
+    said = [str(w.message) for w in caught]
+    assert len(said) == 3, said  # each split's inputs, then the stop
+    assert "the training inputs hold" in said[0] and "the validation inputs hold" in said[1], said
+    assert said[2].startswith("mixtrain.train stopped: "), said
 
 
 def test_a_model_returning_a_dict_trains_on_its_logits(capfd):
@@ -621,3 +626,76 @@ def test_the_doctor_branches_a_run_folder_from_python(tmp_path):
         mixtrain.doctor(Mlp(), (x, y), from_run=run, at=7)
     with pytest.raises(ValueError, match="at= and window= pick what from_run= replays"):
         mixtrain.doctor(Mlp(), (x, y), at=7)
+
+
+def test_a_runs_warnings_are_mixtrain_warnings_in_pythons_words():
+    model = Mlp().to(torch.bfloat16)
+    with pytest.warns(mixtrain.MixtrainWarning) as caught:
+        mixtrain.train(model, blobs(), epochs=1, bs=32, lr=1e-5, threads=1)
+    lines = [str(w.message) for w in caught]
+    said = next(line for line in lines if "rounded away in bf16" in line)
+    assert 'weight_update="stochastic"' in said and "`mixtrain.doctor()` tells" in said, said
+    assert "--weight-update" not in said and "likely" not in said, said
+    assert caught[0].filename == __file__  # pointed at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mixtrain.MixtrainWarning)
+        with pytest.raises(mixtrain.MixtrainWarning):
+            mixtrain.train(Mlp().to(torch.bfloat16), blobs(), epochs=1, bs=32, lr=1e-5, threads=1)
+
+
+def test_the_doctors_report_is_said_once_by_what_it_returns(capfd):
+    d = mixtrain.doctor(Mlp(), blobs(), **FAST)
+    out = capfd.readouterr().out
+    assert "verdict: healthy" in d.report and "verdict:" not in out, out
+    assert str(d) == d.report
+
+
+class HfShapedMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(20, 32)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.l1(x))))
+
+
+def test_a_bf16_model_with_norms_kept_in_fp32_is_bf16_pure_with_islands(capfd):
+    """Hugging Face's _keep_in_fp32_modules shape: bf16 weights, the norm in fp32."""
+    model = HfShapedMlp().to(torch.bfloat16)
+    model.norm.float()
+    r = mixtrain.train(model, blobs(), epochs=1, **FAST)
+    out = capfd.readouterr().out
+    assert "bf16 except 1 module kept in fp32 (norm)" in out and "keep_fp32=['norm']" in out, out
+    assert out.count("kept in fp32") == 1  # said once
+    assert r.summary["precision"] == "bf16-pure", r.summary
+    assert model.norm.weight.dtype == torch.float32 and model.l1.weight.dtype == torch.bfloat16  # as it came
+    d = mixtrain.doctor(model, blobs(), no_trials=True, **FAST)
+    assert d.measurements["mixed"]["precision"] == "bf16-pure"
+    assert model.norm.weight.dtype == torch.float32 and model.head.weight.dtype == torch.bfloat16
+
+
+def test_the_optimizer_is_a_keyword_with_fastais_knobs():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixtrain.MixtrainWarning)  # the lost-updates fact, tested elsewhere
+        r = mixtrain.train(Mlp(), blobs(), opt="sgd", mom=0.9, precision="bf16-pure", epochs=1, **FAST)
+    assert r.summary["bytes_per_param"]["optimizer_state"] == 2  # one bf16 momentum buffer
+    d = mixtrain.doctor(Mlp(), blobs(), opt="adam", wd=0.0, no_trials=True, **FAST)
+    assert d.verdict in ("healthy", "underflow", "gradient_overflow", "forward_overflow"), d.report
+    with pytest.raises(ValueError, match=r"unknown opt 'lion' \(choices: adamw, adam, sgd, rmsprop, adagrad\)"):
+        mixtrain.train(Mlp(), blobs(), opt="lion", **FAST)
+
+
+@pytest.mark.parametrize("change", ["torch.__version__ = '2.99.0+cpu'", "torch._C._GLIBCXX_USE_CXX11_ABI = not torch._C._GLIBCXX_USE_CXX11_ABI",
+                                    "torch.version.cuda = '99.0' if torch.version.cuda is None else None"],
+                         ids=["version", "abi", "cuda"])
+def test_a_torch_other_than_the_one_built_against_is_a_one_line_import_error(change):
+    code = "import sys, torch\n%s\ntry:\n    import mixtrain\nexcept ImportError as e:\n    print(str(e)); sys.exit(3)\n" % change
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(mixtrain.__file__)))  # the cwd may be a tmp dir
+    env = dict(os.environ, PYTHONPATH=package_dir)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    line = r.stdout.strip()
+    assert "\n" not in line and line.startswith("mixtrain was built against torch ") and "rebuild it against this torch" in line, line
+    assert "this Python imports torch" in line and sys.executable in line, line

@@ -4,6 +4,7 @@
 // live in libmixtrain. What is left here is the terminal: flags, signals, exit
 // codes and the one-line errors.
 #include <mixtrain/util/option_error.h>
+#include <mixtrain/util/warnings.h>
 #include <mixtrain/models/failure_site.h>
 #include <mixtrain/run/commands.h>
 #include <mixtrain/run/run_folder.h>
@@ -196,6 +197,10 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) then fails a write with EFBIG, which the run reports
   // as a full disk (which checkpoint is intact, how to resume), instead of a silent kill.
   std::signal(SIGXFSZ, SIG_IGN);
+  // The library's warnings (a fit that lost most updates, NaN inputs) in the CLI's words.
+  const mixtrain::WarningsTo warnings([](const mixtrain::Phrase& w) {
+    std::cerr << "mixtrain: warning: " << w.str(run::flag_words()) << std::endl;
+  });
   CLI::App app{"mixtrain: mixed-precision training for libtorch, fastai-style.", "mixtrain"};
   app.require_subcommand(1);
   Subcommand train{run::Command::kTrain}, doctor{run::Command::kDoctor}, lr_find{run::Command::kLrFind};

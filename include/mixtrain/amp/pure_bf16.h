@@ -67,12 +67,16 @@ class PureBf16 : public MixedPrecision {
     torch::Tensor before;        // its values before this step
     torch::Tensor compensation;  // kahan: what rounding dropped, carried to the next step
     LostUpdates total;
+    bool in_norm_layer = false;  // a norm layer's own (an island's first candidate)
   };
   void prepare(Learner& learn);
+  /// Fills the report's islands (LostUpdateReport::islands) from the parameters' counts.
+  void choose_islands(LostUpdateReport& report) const;
 
   WeightUpdate rule_;
   uint64_t seed_;
   std::vector<Param> params_;  // in the model's named_parameters() order, islands left out
+  int64_t state_tensors_ = 0;  // the optimizer's state tensors per parameter (an island's cost)
   const torch::nn::Module* prepared_for_module_ = nullptr;
   bool step_pending_ = false;
   std::vector<LostUpdates> per_epoch_;  // this run's epochs

@@ -79,8 +79,5 @@ LostUpdates round_update(torch::Tensor& weight, const torch::Tensor& before, Wei
 /// optimizer state written in 16 bits.
 void round_to_bf16_(torch::Tensor& t);
 
-/// The state tensors of one parameter under the optimizers libtorch ships (AdamW,
-/// Adam, SGD, RMSprop, Adagrad), or nullopt for another optimizer's state.
-std::optional<std::vector<torch::Tensor*>> optimizer_state_tensors(torch::optim::OptimizerParamState& state);
 
 } // namespace mixtrain::amp

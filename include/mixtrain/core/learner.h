@@ -6,6 +6,7 @@
 #include "mixtrain/core/callback.h"
 #include "mixtrain/data/data.h"
 #include "mixtrain/core/metrics.h"
+#include "mixtrain/core/optimizers.h"
 #include "mixtrain/models/loss.h"
 #include "mixtrain/models/model.h"
 #include "mixtrain/core/param_groups.h"
@@ -46,10 +47,6 @@ struct StepInfo {
   bool skipped = false;                                          ///< optimizer step skipped
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  ///< unscaled global grad norm
 };
-
-/// Builds an optimizer over `params` with learning rate `lr`.
-using OptimizerFactory =
-    std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>& params, double lr)>;
 
 /// fastai's default optimizer: AdamW with betas (0.9, 0.99), eps 1e-5, decoupled weight decay 0.01.
 OptimizerFactory adamw(double beta1 = 0.9, double beta2 = 0.99, double eps = 1e-5, double weight_decay = 0.01);

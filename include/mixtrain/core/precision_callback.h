@@ -51,7 +51,24 @@ struct LostUpdateReport {
     double rms_update = 0;        ///< typical |fp32 update| (lr x the optimizer's step)
   };
   std::vector<Param> worst;       ///< the parameters that lost most, worst first (up to 8)
+  int64_t params = 0;             ///< elements of every 16-bit trainable parameter
+  /// The modules worth keeping in fp32 (an island): a trainable parameter of their own lost
+  /// at least kIslandLostShare of its updates (or never moved); norm layers first, then the smallest,
+  /// while together they hold at most kIslandBudget of `params` (or kIslandBudgetElements).
+  std::vector<std::string> islands;
+  int64_t island_params = 0;      ///< their elements
+  int64_t island_extra_bytes = 0; ///< what keeping them in fp32 adds (weight, gradient, optimizer state)
 };
+/// What LostUpdateReport's fraction and norm_ratio count under `rule` ("nearest",
+/// "stochastic", "kahan"), in words: only under nearest rounding is an unchanged weight
+/// an update lost; the others keep it (in expectation, or in the compensation).
+std::string lost_updates_meaning(const std::string& rule);
+/// A parameter that lost this share of its updates or more gains from an fp32 island.
+constexpr double kIslandLostShare = 0.9;
+/// Islands for lost updates hold at most this share of the parameters (norms are ~1%),
+/// or kIslandBudgetElements, whichever is more.
+constexpr double kIslandBudget = 0.05;
+constexpr int64_t kIslandBudgetElements = 4096;
 
 class PrecisionCallback : public Callback {
  public:

@@ -111,6 +111,10 @@ struct Setting {
 struct Fix {
   Phrase fix;                     ///< "keep conv_proj in fp32"
   std::vector<Setting> settings;  ///< what it changes
+  /// At least this many bytes a parameter more than the run it fixes (0: unknown, it may
+  /// cost no more): once a trial is proven, the waiting fixes that cannot be cheaper are
+  /// not tried.
+  double min_extra_bytes = 0;
 };
 
 /// A candidate fix, tried: the mixed run again with the fix's settings, from the

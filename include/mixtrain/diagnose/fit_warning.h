@@ -4,6 +4,7 @@
 /// silent). The run layer attaches it for fp16 (run::set_precision); core does not.
 
 #include "mixtrain/core/callback.h"
+#include "mixtrain/util/phrase.h"
 
 #include <cstddef>
 #include <string>
@@ -17,25 +18,27 @@ namespace mixtrain::diagnose {
 /// The share of lost weight updates (bf16-pure) above which a fit ends with a
 /// lost_updates warning, and the doctor looks for that verdict.
 constexpr double kLostUpdatesProblem = 0.25;
-/// "likely lost_updates: 73% of weight updates rounded away (worst: norm.weight,
-/// 100%, never moved); the cheapest cure is ...", or "" below kLostUpdatesProblem.
-std::string lost_updates_warning(const LostUpdateReport& lost);
+/// "73% of weight updates rounded away in bf16 (worst: norm.weight, 100%, never moved);
+/// whether that costs accuracy, the doctor tells ...; the cheapest cure is ...", or empty
+/// below kLostUpdatesProblem. A fact, not a verdict: the doctor judges it against fp32.
+Phrase lost_updates_warning(const LostUpdateReport& lost);
 
 /// Reads the Recorder's rows of this fit after it ends (diagnose::fit_warning) and
-/// prints the warning to stderr. Order 55: after the Recorder (50).
+/// says the warning through mixtrain::warn (util/warnings.h: stderr, or the front
+/// end's sink). Order 55: after the Recorder (50).
 class FitWarning : public Callback {
  public:
   FitWarning() { order = 55; }
   std::string name() const override { return "FitWarning"; }
-  /// The warning the last fit ended with ("" when there was none).
-  const std::string& message() const { return message_; }
+  /// The warning the last fit ended with (empty when there was none).
+  const Phrase& message() const { return message_; }
 
   void before_fit(Learner& learn) override;
   void after_fit(Learner& learn) override;
 
  private:
   size_t first_step_ = 0;  // the Recorder's step count when this fit began
-  std::string message_;
+  Phrase message_;
 };
 
 } // namespace mixtrain::diagnose

@@ -4,6 +4,7 @@
 /// minimum while the loss is flat.
 
 #include "mixtrain/core/recorder.h"
+#include "mixtrain/util/phrase.h"
 
 #include <cstdint>
 #include <string>
@@ -50,9 +51,10 @@ constexpr int64_t kCalibrationSkips = 3;
 bool skips_are_a_problem(const ScaleAnalysis& a);
 
 /// The one-line warning a loss-scaled fit ends with when it skipped more than 5%
-/// of its steps or its scale collapsed (fastai stays silent); "" when neither.
-/// It names the likely verdict: gradient_overflow on collapse, else underflow
-/// (too many skipped steps).
-std::string fit_warning(const ScaleAnalysis& fit);
+/// of its steps or its scale collapsed (fastai stays silent); empty when neither.
+/// It says what the run measured (skips, the scale's fall, NaN losses) and names the
+/// doctor for the verdict: which of forward_overflow, gradient_overflow or underflow it
+/// is takes what a run does not record (the overflow's op, fp32 on the same batches).
+Phrase fit_warning(const ScaleAnalysis& fit);
 
 } // namespace mixtrain::diagnose

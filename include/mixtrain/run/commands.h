@@ -92,6 +92,13 @@ diagnose::Diagnosis doctor(RunArgs args, const OptionWords& words = api_words(),
 /// loss scale, "scale"; what mixtrain doctor writes as loss.svg and scale.svg.
 std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d);
 
+class RunFolder;
+/// The doctor's files in its own folder (diagnosis.json, its charts), then the report
+/// (unless RunArgs::says_report is false) followed by `next` (what to run with the
+/// proven fix, in the front end's words), and the files written (RunArgs::report_files).
+void write_doctor_outputs(const diagnose::Diagnosis& d, const RunFolder& folder, const OptionWords& words, const RunArgs& a,
+                          const std::string& next);
+
 /// A doctor trial's setting applied through the option table: the row of
 /// `setting.key` sets its value on `run` as it would from the command line
 /// (OptionError for a value the row refuses). What diagnose::compare's trials use.

@@ -73,6 +73,9 @@ struct RunArgs {
   /// Whether the command says which files it wrote where (false: a front end's
   /// temporary folder, removed once it has read them).
   bool report_files = true;
+  /// Whether the doctor prints its report at the end (false: a front end that returns
+  /// it, as Python's Diagnosis does, so that it is not said twice).
+  bool says_report = true;
   int64_t interrupt_at_step = -1;        ///< testing aid: raise SIGINT after this training step
   int64_t abort_at_step = -1;            ///< testing aid: the last rank aborts after this step
   int64_t inject_overflow_at_step = -1;  ///< testing aid: the last rank's gradients get an inf here

@@ -5,6 +5,7 @@
 /// default; args.json is read and written from that table.
 
 #include "mixtrain/amp/precision_options.h"
+#include "mixtrain/core/optimizers.h"
 #include "mixtrain/core/param_groups.h"
 #include "mixtrain/models/loss.h"
 #include "mixtrain/util/threads.h"
@@ -36,6 +37,7 @@ struct RunConfig {
   double clip = 0;                            ///< global gradient-norm clip (0: off)
   int64_t accum = 1;                          ///< batches per optimizer step
   bool wd_bn_bias = false;                    ///< decay norm parameters and biases too (fastai's default: no)
+  OptimizerSettings opt;                      ///< --opt and its knobs (NaN: fastai's default for the kind)
   int64_t save_every = 0;                     ///< epochs between checkpoints (0: only on interrupt)
   int64_t save_every_steps = 0;               ///< training steps between checkpoints too (0: none)
   int64_t keep = 0;                           ///< checkpoints kept (0: all)

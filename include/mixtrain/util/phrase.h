@@ -22,6 +22,8 @@ namespace mixtrain {
 struct OptionWords {
   std::function<std::string(const std::string& key)> name;
   std::function<std::string(const std::string& key, const std::string& value)> setting;
+  /// How the reader runs the doctor: "`mixtrain doctor`", "`mixtrain.doctor()`".
+  std::string doctor = "diagnose::compare()";
 };
 
 /// The C++ library's words: the calls and options structs that set each option
@@ -37,6 +39,8 @@ class Phrase {
   static Phrase name(std::string key);
   /// The option `key` set to `value` (its text as the configuration keeps it).
   static Phrase setting(std::string key, std::string value);
+  /// The doctor, as the reader runs it (OptionWords::doctor).
+  static Phrase doctor();
 
   Phrase& operator+=(const Phrase& other);
   friend Phrase operator+(Phrase a, const Phrase& b) { return a += b; }
@@ -55,7 +59,7 @@ class Phrase {
 
  private:
   struct Part {
-    enum Kind { kText, kName, kSetting } kind = kText;
+    enum Kind { kText, kName, kSetting, kDoctor } kind = kText;
     std::string text;  // the text, or the key
     std::string value;
   };
