@@ -70,7 +70,8 @@ TEST(CliDoctorTest, OneSigtermDuringTheTrialsKeepsTheDiagnosis) {
 }
 
 TEST(CliDoctorTest, BadFlagsAreOneLineErrors) {
-  expect_usage_error("doctor --precision fp32", "doctor compares fp32 with fp16 or bf16");
+  expect_usage_error("doctor --precision fp32", "the doctor compares fp32 with --precision fp16, --precision bf16 or "
+                                                "--precision bf16-pure (default: fp16), not fp32");
   expect_usage_error("doctor --resume runs/x", "--resume");  // not a doctor flag: not expected
   expect_usage_error("doctor --lr 0", "invalid --lr");
   expect_usage_error("doctor --limit 500 --threads 1",

@@ -1,6 +1,7 @@
 // The precision modes' names, and what the Learner reads of its precision
 // callback. Attaching one is amp's (src/amp/precision_modes.cpp).
 #include "mixtrain/core/precision.h"
+#include "mixtrain/core/precision_modes.h"
 
 #include "mixtrain/core/learner.h"
 #include "mixtrain/core/precision_callback.h"
@@ -9,62 +10,61 @@
 
 namespace mixtrain {
 
-namespace {
-struct NamedPrecision {
-  Precision precision;
-  const char* name;
-};
-constexpr NamedPrecision kNames[] = {{Precision::kFp32, "fp32"},
-                                     {Precision::kFp16, "fp16"},
-                                     {Precision::kBf16, "bf16"},
-                                     {Precision::kFp16Master, "fp16-master"},
-                                     {Precision::kBf16Master, "bf16-master"},
-                                     {Precision::kBf16Pure, "bf16-pure"}};
-} // namespace
+const std::vector<PrecisionMode>& precision_modes() {
+  using c10::ScalarType;
+  //                                                          compute               scales master pure  doctor warn  islands
+  static const std::vector<PrecisionMode> kModes = {
+      {Precision::kFp32, "fp32", ScalarType::Float, false, false, false, false, false, false},
+      {Precision::kFp16, "fp16", ScalarType::Half, true, false, false, true, true, true},
+      {Precision::kBf16, "bf16", ScalarType::BFloat16, false, false, false, true, false, true},
+      {Precision::kFp16Master, "fp16-master", ScalarType::Half, true, true, false, false, false, true},
+      {Precision::kBf16Master, "bf16-master", ScalarType::BFloat16, true, true, false, false, false, true},
+      {Precision::kBf16Pure, "bf16-pure", ScalarType::BFloat16, false, false, true, true, true, true},
+  };
+  return kModes;
+}
 
-std::string precision_name(Precision precision) {
-  for (const auto& n : kNames)
-    if (n.precision == precision) return n.name;
+const PrecisionMode& mode_of(Precision precision) {
+  for (const auto& m : precision_modes())
+    if (m.precision == precision) return m;
   TORCH_INTERNAL_ASSERT(false, "unknown Precision ", static_cast<int>(precision));
 }
 
+std::vector<Precision> modes_where(bool PrecisionMode::*flag) {
+  std::vector<Precision> out;
+  for (const auto& m : precision_modes())
+    if (m.*flag) out.push_back(m.precision);
+  return out;
+}
+
+std::string precision_name(Precision precision) { return mode_of(precision).name; }
+
 Precision parse_precision(const std::string& name) {
   std::string choices;
-  for (const auto& n : kNames) {
-    if (name == n.name) return n.precision;
-    choices += (choices.empty() ? "" : ", ") + std::string(n.name);
+  for (const auto& m : precision_modes()) {
+    if (name == m.name) return m.precision;
+    choices += (choices.empty() ? "" : ", ") + std::string(m.name);
   }
   throw OptionError("precision", "unsupported precision '" + name + "' (available: " + choices + ")");
 }
 
 std::vector<Precision> all_precisions() {
   std::vector<Precision> all;
-  for (const auto& n : kNames) all.push_back(n.precision);
+  for (const auto& m : precision_modes()) all.push_back(m.precision);
   return all;
 }
 
-bool precision_scales_loss(Precision p) {
-  return p == Precision::kFp16 || p == Precision::kFp16Master || p == Precision::kBf16Master;
-}
+bool precision_scales_loss(Precision p) { return mode_of(p).scales_loss; }
 
-c10::ScalarType compute_dtype(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return c10::ScalarType::Float;
-    case Precision::kFp16:
-    case Precision::kFp16Master: return c10::ScalarType::Half;
-    case Precision::kBf16:
-    case Precision::kBf16Master:
-    case Precision::kBf16Pure: return c10::ScalarType::BFloat16;
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown Precision ", static_cast<int>(p));
-}
+c10::ScalarType compute_dtype(Precision p) { return mode_of(p).compute; }
 
-bool uses_master_weights(Precision p) { return p == Precision::kFp16Master || p == Precision::kBf16Master; }
+bool uses_master_weights(Precision p) { return mode_of(p).master_weights; }
 
 Precision precision_for(c10::ScalarType dtype, bool master_weights, bool pure) {
-  if (dtype == c10::ScalarType::Half) return master_weights ? Precision::kFp16Master : Precision::kFp16;
-  if (dtype == c10::ScalarType::BFloat16)
-    return master_weights ? Precision::kBf16Master : pure ? Precision::kBf16Pure : Precision::kBf16;
+  // fp32 with a loss scaler (MixedPrecision(kFloat)) is fp32; `pure` counts where a mode has it (bf16 only).
+  for (const bool p : {pure && !master_weights, false})
+    for (const auto& m : precision_modes())
+      if (m.compute == dtype && m.master_weights == master_weights && m.pure == p) return m.precision;
   return Precision::kFp32;
 }
 

@@ -8,6 +8,7 @@
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/weight_update.h"
 #include "mixtrain/core/precision_callback.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/stop_on_request.h"
 #include "mixtrain/diagnose/gradient_health.h"
@@ -257,8 +258,7 @@ void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o)
 } // namespace
 
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
-  TORCH_CHECK(o.precision() == Precision::kFp16 || o.precision() == Precision::kBf16 ||
-                  o.precision() == Precision::kBf16Pure,
+  TORCH_CHECK(mode_of(o.precision()).doctor_compares,
               "diagnose::compare: precision must be fp16, bf16 or bf16-pure, got ", precision_name(o.precision()));
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;

@@ -644,10 +644,7 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
   const LoopState& loop = *a.loop;
   validate(a, Command::kDoctor);
   RunConfig& r = a.config;
-  if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16 && r.precision != Precision::kBf16Pure)
-    throw OptionError("precision", "the doctor compares fp32 with fp16 or bf16 autocast, or bf16-pure weights; pass " +
-                                       Phrase::setting("precision", "fp16") + ", " + Phrase::setting("precision", "bf16") +
-                                       " or " + Phrase::setting("precision", "bf16-pure") + ", not " + precision_name(r.precision));
+  check_doctor_compares(r.precision);
   const double lr = loop.groups.front().lr;
   for (const auto& g : loop.groups)
     if (g.lr != lr)

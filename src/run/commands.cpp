@@ -1,4 +1,5 @@
 #include "mixtrain/run/commands.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/run/branch.h"
 
 #include "mixtrain/amp/fp32_islands.h"
@@ -504,11 +505,7 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
   const RunTurn turn;
   validate(a, Command::kDoctor);
   const RunConfig& r = a.config;
-  if (r.precision != Precision::kFp16 && r.precision != Precision::kBf16 && r.precision != Precision::kBf16Pure)
-    throw OptionError("precision", "doctor compares fp32 with fp16 or bf16 autocast, or bf16-pure weights; pass " +
-                                       Phrase::setting("precision", "fp16") + " (default), " +
-                                       Phrase::setting("precision", "bf16") + " or " +
-                                       Phrase::setting("precision", "bf16-pure") + ", not " + precision_name(r.precision));
+  check_doctor_compares(r.precision);
   if (!r.lr.one_for_all())
     throw OptionError("lr", "mixtrain doctor takes one " + Phrase::name("lr") + ", got " + r.lr.str() +
                                 " (it trains the model as one parameter group)");
@@ -568,6 +565,15 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
 
   write_doctor_outputs(d, folder, words, a, "");
   return d;
+}
+
+void check_doctor_compares(Precision precision) {
+  if (mode_of(precision).doctor_compares) return;
+  Phrase modes;
+  const std::vector<Precision> compared = modes_where(&PrecisionMode::doctor_compares);
+  for (size_t i = 0; i < compared.size(); ++i)
+    modes += (i == 0 ? "" : i + 1 == compared.size() ? " or " : ", ") + Phrase::setting("precision", precision_name(compared[i]));
+  throw OptionError("precision", "the doctor compares fp32 with " + modes + " (default: fp16), not " + precision_name(precision));
 }
 
 void write_doctor_outputs(const diagnose::Diagnosis& d, const RunFolder& folder, const OptionWords& words, const RunArgs& a,

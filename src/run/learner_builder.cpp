@@ -3,6 +3,7 @@
 #include "mixtrain/run/branch.h"
 
 #include "mixtrain/amp/precision_options.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/callbacks/gradient_accumulation.h"
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/callbacks/gradient_clip.h"
@@ -233,7 +234,7 @@ void set_precision(Learner& learn, const RunConfig& config) {
 }
 
 void add_fit_warning(Learner& learn, Precision precision) {
-  if (precision == Precision::kFp16 || precision == Precision::kBf16Pure) learn.add_cb(std::make_shared<diagnose::FitWarning>());
+  if (mode_of(precision).fit_warning) learn.add_cb(std::make_shared<diagnose::FitWarning>());
 }
 
 } // namespace mixtrain::run

@@ -1,4 +1,5 @@
 #include "mixtrain/run/options.h"
+#include "mixtrain/core/precision_modes.h"
 
 #include "util/comma_list.h"
 #include "mixtrain/amp/mixed_precision.h"
@@ -151,9 +152,12 @@ struct Def {
 #define MIXTRAIN_ARGS(member) [](RunArgs& a) -> auto& { return a.member; }
 
 std::vector<Option> make_table() {
-  using P = Precision;
-  const std::vector<Precision> kScaler{P::kFp16};
-  const std::vector<Precision> kMaster{P::kFp16Master, P::kBf16Master};
+  // The modes an option applies to, from the precision-mode table: fp16's GradScaler is
+  // the scaler of the one loss-scaled mode without masters.
+  std::vector<Precision> kScaler;
+  for (const auto& m : precision_modes())
+    if (m.scales_loss && !m.master_weights) kScaler.push_back(m.precision);
+  const std::vector<Precision> kMaster = modes_where(&PrecisionMode::master_weights);
   const std::string models = builtin_model_list();
   std::string model_help = "Model: a TorchScript file (torch.jit.script(model).save(PATH)), or built-in";
   for (const auto& m : builtin_models()) model_help += " " + m.name + " (" + m.description + "),";
@@ -257,7 +261,7 @@ std::vector<Option> make_table() {
   add(Def("keep_fp32", "--keep-fp32", ValueType::kList, kT | kD | kL,
           "Modules kept in fp32 under fp16/bf16 (comma-separated module paths or patterns such as "
           "encoder.layers.*.mlp): every op inside them, parameter-free ones included, computes in fp32")
-          .added_later().no_default().modes({P::kFp16, P::kBf16, P::kFp16Master, P::kBf16Master, P::kBf16Pure}, "the whole model is fp32")
+          .added_later().no_default().modes(modes_where(&PrecisionMode::takes_islands), "the whole model is fp32")
           .access([](const RunArgs& a) { return detail::comma_joined(a.config.precision_options.keep_fp32()); },
                   [](RunArgs& a, const std::string& t) {
                     const std::vector<std::string> names = detail::comma_list(t);

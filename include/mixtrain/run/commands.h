@@ -92,6 +92,10 @@ diagnose::Diagnosis doctor(RunArgs args, const OptionWords& words = api_words(),
 /// loss scale, "scale"; what mixtrain doctor writes as loss.svg and scale.svg.
 std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d);
 
+/// Refuses, naming the modes it takes, a precision the doctor does not compare with fp32
+/// (PrecisionMode::doctor_compares).
+void check_doctor_compares(Precision precision);
+
 class RunFolder;
 /// The doctor's files in its own folder (diagnosis.json, its charts), then the report
 /// (unless RunArgs::says_report is false) followed by `next` (what to run with the
