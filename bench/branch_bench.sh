@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # What `mixtrain doctor --from` costs against the doctor from scratch, and whether its cost
-# grows with the run. Two fp16 runs of the same model, 1 and 8 epochs (the mlp on 16384
-# Fashion-MNIST samples, bs 64: 256 and 2048 steps, a checkpoint every 64), then:
+# grows with the run. Two fp16 runs of the same model, 1 and 8 epochs (the mlp on LIMIT
+# Fashion-MNIST samples, 16384 unless given, bs 64: 256 and 2048 steps at 16384, a checkpoint
+# every 64), then:
 #   - doctor --from each, at the checkpoint 3/4 of the way through, a window of 64 steps;
 #   - the doctor from scratch on the 8-epoch run's flags.
 # Every doctor runs without trials (the model is healthy: none would run), so the times
 # are the pair of arms plus what each doctor adds. Prints seconds and the ratios.
-#   bench/branch_bench.sh [BUILD_DIR] [THREADS]
+#   bench/branch_bench.sh [BUILD_DIR] [THREADS] [LIMIT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -14,7 +15,8 @@ threads=${2:-1}
 cli="$build/tools/mixtrain/mixtrain"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-flags="--model mlp --limit 16384 --bs 64 --precision fp16 --threads $threads"
+limit=${3:-16384}
+flags="--model mlp --limit $limit --bs 64 --precision fp16 --threads $threads"
 
 seconds() {  # seconds the command took (its output goes to $tmp/log)
   local t0 t1
@@ -26,8 +28,11 @@ seconds() {  # seconds the command took (its output goes to $tmp/log)
 
 train1=$(seconds "$cli" train $flags --epochs 1 --save-every-steps 64 --out "$tmp/run1")
 train8=$(seconds "$cli" train $flags --epochs 8 --save-every-steps 64 --out "$tmp/run8")
-from1=$(seconds "$cli" doctor --from "$tmp/run1" --at 192 --window 64 --no-trials --out "$tmp/d1")
-from8=$(seconds "$cli" doctor --from "$tmp/run8" --at 1536 --window 64 --no-trials --out "$tmp/d8")
+steps=$((limit / 64))  # one epoch
+at1=$((steps * 3 / 4 / 64 * 64))
+at8=$((8 * steps * 3 / 4 / 64 * 64))
+from1=$(seconds "$cli" doctor --from "$tmp/run1" --at $at1 --window 64 --no-trials --out "$tmp/d1")
+from8=$(seconds "$cli" doctor --from "$tmp/run8" --at $at8 --window 64 --no-trials --out "$tmp/d8")
 scratch8=$(seconds "$cli" doctor $flags --epochs 8 --no-trials --out "$tmp/ds8")
 matches=$(grep -o '"matches_run": [a-z]*' "$tmp/d8/diagnosis.json")
 # The replay's own seconds (restoring, both arms, their validations), without the process's

@@ -344,4 +344,45 @@ TEST(CliMultiNodeTest, TwoNodesEndIdenticalAndALostNodeIsNamedWithinSeconds) {
   EXPECT_NE(slurp(log0).find("lost rank 1"), std::string::npos) << slurp(log0);
 }
 
+// A launched run is branched in one process with its global batch: the same samples at
+// each step, so the replay's first loss is the run's own to float rounding; not bitwise
+// (the ranks' gradients add in another order), which the report says instead of a match.
+TEST(CliLaunchTest, ALaunchedRunIsBranchedInOneProcessWithItsGlobalBatch) {
+  const std::string run = test::scratch_dir("launch_branch_run");
+  // 2048 samples, 2 ranks of bs 32: 32 global batches of 64 an epoch, 64 steps.
+  const CliResult t = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) +
+                              " -- train --model mlp --limit 2048 --epochs 2 --threads 1 --bs 32 --precision fp16"
+                              " --save-every-steps 16 --out " + run);
+  ASSERT_EQ(t.code, 0) << t.out << t.err;
+  const std::string out = test::scratch_dir("launch_branch_doctor");
+  const CliResult d = run_cli("doctor --from " + run + " --at 32 --window 16 --no-trials --out " + out);
+  ASSERT_TRUE(d.code == 0 || d.code == 1) << d.out << d.err;
+  EXPECT_NE(d.out.find("replayed in one process with their global batch of 64"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("not checked against the run: the run was trained by 2 ranks"), std::string::npos) << d.out;
+  const auto j = read_json(out + "/diagnosis.json");
+  EXPECT_TRUE(j.at("replay").at("matches_run").is_null()) << j.at("replay");
+  EXPECT_EQ(j.at("evidence").at("mixed").at("steps"), 16);
+  // first_loss is the mean of the window's first 5 losses: the run's steps 32-36 in
+  // steps.csv (iter,epoch,loss,..., after a header), to the rounding of 5 steps.
+  std::istringstream csv(slurp(run + "/steps.csv"));
+  std::string line;
+  double run_loss = 0;
+  for (int row = -1; row <= 36 && std::getline(csv, line); ++row)
+    if (row >= 32) run_loss += std::stod(line.substr(line.find(',', line.find(',') + 1) + 1)) / 5;
+  ASSERT_EQ(line.rfind("36,1,", 0), 0u) << line;
+  const double replayed = j.at("evidence").at("mixed").at("first_loss").get<double>();
+  EXPECT_NEAR(replayed, run_loss, 1e-3 * run_loss) << "the replay's batches are not the run's steps 32-36";
+
+  // train --from goes on in one process with the global batch, or with the run's ranks.
+  const std::string next = test::scratch_dir("launch_branch_next");
+  const CliResult one = run_cli("train --from " + run + " --at 48 --out " + next);
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  EXPECT_NE(one.out.find("continued in one process with their global batch of 64"), std::string::npos) << one.out;
+  EXPECT_EQ(read_json(next + "/args.json").at("bs"), 64);
+  const CliResult three = run_cli("launch --nproc 3 --master-port " + std::to_string(launch_port()) + " -- train --from " +
+                                  run + " --at 48 --force --out " + next);
+  EXPECT_EQ(three.code, 2) << three.out << three.err;
+  EXPECT_NE(three.out.find("cannot start 3 ranks from " + run + ": it was trained by 2 ranks"), std::string::npos) << three.out;
+}
+
 } // namespace

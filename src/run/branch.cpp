@@ -14,6 +14,7 @@
 #include "mixtrain/util/threads.h"
 #include "mixtrain/compat.h"
 #include "mixtrain/data/data.h"
+#include "mixtrain/parallel/distributed.h"
 
 #include "util/short_number.h"
 
@@ -234,6 +235,22 @@ void check_replay(diagnose::Replay& r, const diagnose::RunEvidence& mixed, const
   r.matches_run = true;
 }
 
+/// A data-parallel run's flags for one process: its global batch (ranks x bs) as one
+/// batch. The loader's shards are slices of one seeded permutation's global batches
+/// (DataLoaderOptions::num_shards), so the one process takes each step's samples of all
+/// ranks together, and the mean loss's gradient is the mean of the ranks' averaged ones.
+/// Returns what that means, in words (`done`: "replayed", ...); empty for a one-process run.
+std::string as_one_process(RunConfig& c, const std::string& done) {
+  if (c.ranks <= 1) return "";
+  const int64_t ranks = c.ranks, per_rank = c.bs;
+  c.bs = per_rank * ranks;
+  c.ranks = 1;
+  return "it was trained by " + std::to_string(ranks) + " data-parallel ranks of batch size " +
+         std::to_string(per_rank) + ": " + done + " in one process with their global batch of " + std::to_string(c.bs) +
+         " (the same samples each step; the gradient is summed in another order, and BatchNorm sees the global batch " +
+         "where each rank saw its own)";
+}
+
 /// Whether every weight and buffer of the Learner is finite.
 bool weights_finite(Learner& learn) {
   for (const auto& t : learn.model().state_tensors())
@@ -275,9 +292,8 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
                                       r.model + "), which the folder does not hold; pass them again with it");
   if (r.precision == Precision::kFp32)
     throw OptionError("from_run", "cannot branch from " + from + ": it trained in fp32, so there is no mixed precision to diagnose");
-  if (r.ranks > 1)
-    throw OptionError("from_run", "cannot branch from " + from + ": it was trained by " + std::to_string(r.ranks) +
-                                      " data-parallel ranks, and a replay runs in one process (not supported yet)");
+  const int64_t ranks = r.ranks;
+  const std::string one_process = as_one_process(b.config, "replayed");
   if (!r.lr.one_for_all())
     throw OptionError("from_run", "cannot branch from " + from + ": its " + Phrase::name("lr") + " " + r.lr.str() +
                                       " is one per parameter group; the doctor replays one");
@@ -371,6 +387,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   replay.checkpoint = checkpoint;
   replay.step = step_of(checkpoint);
   replay.window = window;
+  if (!one_process.empty()) notes.push_back(one_process);
   replay.notes = notes;
   const StepsCsv csv = read_steps_csv(run.file("steps.csv"));
   replay.record = run_record(run, csv);
@@ -415,11 +432,17 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
                                                        .on_progress(keep),
                                                    window);
   replay.seconds = arms_seconds;
-  if (d.evidence.mixed) check_replay(replay, *d.evidence.mixed, csv);
+  if (ranks > 1)
+    replay.not_compared = "the run was trained by " + std::to_string(ranks) +
+                          " ranks and replayed in one process, which adds their gradients in another order: not bitwise the run";
+  else if (d.evidence.mixed)
+    check_replay(replay, *d.evidence.mixed, csv);
   d.replay = replay;
   std::string next;
   if (d.proven_fix)
-    next = "continue the run with it: mixtrain train --from " + from + " --at " + std::to_string(replay.step) + " --out NEW_DIR " +
+    next = "continue the run with it: " +
+           (ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train")) +
+           " --from " + from + " --at " + std::to_string(replay.step) + " --out NEW_DIR " +
            d.trials[*d.proven_fix].settings_in(flag_words()) + "\n";
   write_doctor_outputs(d, folder, words, a, next);
   return d;
@@ -452,9 +475,17 @@ BranchStart start_from_run(RunArgs& a) {
   } catch (const c10::Error& e) {
     throw OptionError("from_run", "cannot start from " + start.from + ": " + e.msg());
   }
-  if (start.trained.ranks > 1)
-    throw OptionError("from_run", "cannot start from " + start.from + ": it was trained by " + std::to_string(start.trained.ranks) +
-                                      " data-parallel ranks (not supported yet)");
+  // The same ranks go on with the same batch per rank; one process takes their global batch.
+  const int world = distributed::env_from_environment().world_size;
+  const int64_t ranks = start.trained.ranks;
+  if (world != ranks && world != 1)
+    throw OptionError("from_run", "cannot start " + std::to_string(world) + " ranks from " + start.from + ": it was trained by " +
+                                      std::to_string(ranks) + (ranks > 1 ? " ranks" : " process") +
+                                      ", and another count would change its global batch; continue it with " +
+                                      (ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train")) +
+                                      " " + Phrase::name("from_run") + " " + start.from);
+  if (world == 1) start.one_process = as_one_process(start.trained, "continued");
+  start.trained.ranks = 1;
   // The new run: the run's own flags, with the given ones that change only how it computes.
   const RunArgs defaults = defaults_for(Command::kTrain);
   RunArgs merged = a;

@@ -363,6 +363,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   if (branch && writer)
     std::cout << "mixtrain train: a new run from " << branch->checkpoint << " (step " << branch->step << " of "
               << branch->from << "), precision " << precision_name(r.precision) << std::endl;
+  if (branch && writer && !branch->one_process.empty()) std::cout << "mixtrain train: " << branch->one_process << std::endl;
   if (a.abort_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<testing::AbortAt>(a.abort_at_step));
   if (a.inject_overflow_at_step >= 0 && last_rank)
     learn.add_cb(std::make_shared<testing::InjectOverflow>(std::set<int64_t>{a.inject_overflow_at_step}));

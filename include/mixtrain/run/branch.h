@@ -38,7 +38,10 @@ struct BranchStart {
   std::string from;        ///< the run folder
   std::string checkpoint;  ///< the checkpoint branched from
   int64_t step = 0;        ///< its training step
-  RunConfig trained;       ///< the run's own args.json
+  RunConfig trained;       ///< the run's own args.json (a data-parallel run's in one process: see one_process)
+  /// Non-empty when a run of several ranks goes on in one process, with their global
+  /// batch as its batch: what that means, in words.
+  std::string one_process;
 };
 /// For train --from: reads RUN_DIR/args.json and puts on top of it the flags `args` was
 /// given that change only how the run computes (the precision and its options, clipping,
