@@ -98,6 +98,8 @@ void validate(const MasterWeightsOptions& o) {
   check_option(o.clip() >= 0 && std::isfinite(o.clip()), "clip", o.clip(), "must be > 0; 0 is off");
 }
 
+Precision MasterWeights::precision() const { return precision_for(options_.dtype(), /*master_weights=*/true); }
+
 MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
     : options_(options),
       rule_(options.loss_scale() > 0 ? options.loss_scale() : (options.dynamic() ? kDefaultInitScale : 512.0), v1_rule(options)) {

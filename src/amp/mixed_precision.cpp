@@ -22,6 +22,9 @@ GradScalerOptions scaler_options_for(c10::ScalarType dtype, GradScalerOptions op
 }
 } // namespace
 
+// The autocast mode of its dtype, from the table (a scaler over an fp32 model is fp32).
+Precision MixedPrecision::precision() const { return precision_for(dtype_, /*master_weights=*/false); }
+
 MixedPrecision::MixedPrecision(c10::ScalarType dtype, GradScalerOptions scaler_options, bool allow_fp16_emulation)
     : dtype_(dtype), scaler_(scaler_options_for(dtype, scaler_options)), allow_fp16_emulation_(allow_fp16_emulation) {
   TORCH_CHECK(dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16 || dtype == c10::ScalarType::Float,

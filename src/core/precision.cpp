@@ -71,8 +71,7 @@ Precision precision_for(c10::ScalarType dtype, bool master_weights, bool pure) {
 Precision Learner::precision() const {
   // Read from the attached callback, so a callback added by hand counts too.
   const auto pc = precision_cb();
-  // fp32 with a loss scaler (MixedPrecision(kFloat)) is fp32.
-  return pc ? precision_for(pc->dtype(), pc->master_weights(), pc->pure_weights()) : Precision::kFp32;
+  return pc ? pc->precision() : Precision::kFp32;
 }
 
 std::shared_ptr<PrecisionCallback> Learner::precision_cb() const { return get_cb<PrecisionCallback>(); }

@@ -310,9 +310,9 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   if (std::filesystem::weakly_canonical(a.out, ec) == std::filesystem::weakly_canonical(from, ec))
     throw OptionError("out", "the doctor writes into its own " + Phrase::name("out") + ", not into the run folder " + from);
 
-  const int threads = configure_threads(r.threads, thread_policy(r));
-  torch::manual_seed(r.seed);
-  const auto split = load_split(b, /*world_size=*/1);
+  const RunStart prepared = start_run(b, /*world_size=*/1);
+  const int threads = prepared.threads;
+  const data::DatasetSplit& split = prepared.split;
   const PrecisionOptions own_options = PrecisionOptions(r.precision_options).rounding_seed(r.seed);
 
   // A Learner as the run built it, with the checkpoint loaded as a resume loads it.
@@ -684,9 +684,9 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
   r.lr = lr;
   r.epochs = 1;
   r.wd_bn_bias = true;  // the loop's own groups, as they are
-  const int threads = configure_threads(r.threads, thread_policy(r));
-  torch::manual_seed(r.seed);
-  const auto split = load_split(a, /*world_size=*/1);
+  const RunStart prepared = start_run(a, /*world_size=*/1);
+  const int threads = prepared.threads;
+  const data::DatasetSplit& split = prepared.split;
   const int64_t window = split.train.size() / r.bs;
   if (window < diagnose::kMinCompareSteps)
     throw OptionError("window", "a window of " + std::to_string(window) + " step(s) is too short to judge; the comparison needs at least " +

@@ -271,16 +271,15 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   if (!a.from_run.empty()) branch = start_from_run(a);
   validate(a, Command::kTrain);
   const RunConfig& r = a.config;
-  const int threads = configure_threads(r.threads, thread_policy(r));
-  torch::manual_seed(r.seed);
   // Under mixtrain launch, torchrun or any launcher exporting torchrun's variables:
   // one rank of a data-parallel job. Only rank 0 writes files.
   const distributed::Env env = distributed::env_from_environment();
   const bool writer = env.rank == 0;
-
   if (a.resume.empty()) resolve_input_paths(a.config);
   const auto inputs = input_fingerprints(r);  // read once: checked on a resume, recorded in every checkpoint
-  const auto split = load_split(a, env.world_size);  // data problems are reported before the run folder is created
+  const RunStart start = start_run(a, env.world_size);  // data problems come before the run folder
+  const int threads = start.threads;
+  const data::DatasetSplit& split = start.split;
   std::string checkpoint;
   std::optional<Recorded> trained;  // what the checkpoint resumed from was trained with
   if (!a.resume.empty()) {
@@ -457,9 +456,9 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   const RunTurn turn;
   validate(a, Command::kLrFind);
   const RunConfig& r = a.config;
-  const int threads = configure_threads(r.threads, thread_policy(r));
-  torch::manual_seed(r.seed);
-  const auto split = load_split(a, /*world_size=*/1);
+  const RunStart start = start_run(a, /*world_size=*/1);
+  const int threads = start.threads;
+  const data::DatasetSplit& split = start.split;
   // The model's fit to the data is checked before the folder is created.
   const auto learner = build_learner(a, split, /*progress=*/false);
   // Without the fit warning: the sweep starts at a learning rate that loses bf16 updates by design.
@@ -510,8 +509,9 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
   if (!r.lr.one_for_all())
     throw OptionError("lr", "mixtrain doctor takes one " + Phrase::name("lr") + ", got " + r.lr.str() +
                                 " (it trains the model as one parameter group)");
-  const int threads = configure_threads(r.threads, thread_policy(r));
-  const auto split = load_split(a, /*world_size=*/1);
+  const RunStart start = start_run(a, /*world_size=*/1);
+  const int threads = start.threads;
+  const data::DatasetSplit& split = start.split;
   // A bad island is an error before the baseline trains.
   if (!r.precision_options.keep_fp32().empty()) amp::check_islands(r.precision_options.keep_fp32(), build_model(a).module());
   // So is the model's fit to both splits, before the folder is created (the runs build their own).

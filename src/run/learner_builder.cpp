@@ -8,6 +8,7 @@
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/util/option_error.h"
+#include "mixtrain/util/threads.h"
 #include "mixtrain/util/warnings.h"
 #include "mixtrain/run/model_registry.h"
 #include "mixtrain/models/failure_site.h"
@@ -92,6 +93,14 @@ data::DatasetSplit load_split(const RunArgs& a, int world_size) {
   TORCH_CHECK(split.valid.size() > 0, "the validation set is empty");
   warn_nonfinite_inputs(split);
   return split;
+}
+
+RunStart start_run(const RunArgs& a, int world_size) {
+  RunStart s;
+  s.threads = configure_threads(a.config.threads, thread_policy(a.config));
+  torch::manual_seed(a.config.seed);
+  s.split = load_split(a, world_size);
+  return s;
 }
 
 ThreadPolicy thread_policy(const RunConfig& r) {

@@ -80,6 +80,8 @@ class MasterWeights : public PrecisionCallback {
   std::string name() const override { return "MasterWeights"; }
 
   const MasterWeightsOptions& options() const { return options_; }
+  /// kFp16Master or kBf16Master, by the options' dtype.
+  Precision precision() const override;
   c10::ScalarType dtype() const override { return options_.dtype(); }
   bool master_weights() const override { return true; }
   std::vector<std::string> keep_fp32() const override { return options_.keep_fp32(); }

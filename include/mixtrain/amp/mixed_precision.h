@@ -43,6 +43,8 @@ class MixedPrecision : public PrecisionCallback {
                           bool allow_fp16_emulation = true);
   std::string name() const override { return "MixedPrecision"; }
 
+  /// kFp16 or kBf16 (kFp32 for a scaler over an fp32 model).
+  Precision precision() const override;
   c10::ScalarType dtype() const override { return dtype_; }
   /// Whether the last fit emulated fp16 numerics (fp16 on CPU).
   bool emulated() const override { return emulated_; }

@@ -41,6 +41,7 @@ class PureBf16 : public MixedPrecision {
   std::string name() const override { return "PureBf16"; }
 
   WeightUpdate rule() const { return rule_; }
+  Precision precision() const override { return Precision::kBf16Pure; }
   bool pure_weights() const override { return true; }
   std::string mode_tag() const override;
   std::optional<ParamMemory> param_memory() const override { return memory_; }

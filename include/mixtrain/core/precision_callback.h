@@ -5,6 +5,7 @@
 /// the front ends use this interface and never the concrete types.
 
 #include "mixtrain/core/callback.h"
+#include "mixtrain/core/precision.h"
 
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
@@ -72,6 +73,9 @@ constexpr int64_t kIslandBudgetElements = 4096;
 
 class PrecisionCallback : public Callback {
  public:
+  /// The mode this callback is (Learner::precision() reads it): each mode says its own
+  /// name rather than having it guessed back from the dtype and flags below.
+  virtual Precision precision() const = 0;
   /// The dtype the model computes in: kHalf, kBFloat16, or kFloat (fp32 with a scaler).
   virtual c10::ScalarType dtype() const = 0;
   /// Whether the model is stored in dtype() with fp32 master weights (fastai v1's

@@ -24,6 +24,17 @@ data::DatasetSplit load_split(const RunArgs& args, int world_size);
 /// (the registry's; intra_op for a TorchScript model) when it is "auto".
 ThreadPolicy thread_policy(const RunConfig& config);
 
+/// What a command has once its flags are checked: the threads it runs on and its data.
+struct RunStart {
+  int threads = 0;  ///< the intra-op threads set (configure_threads)
+  data::DatasetSplit split;
+};
+/// The start train, lr_find and the doctors share, in this order: the thread count set
+/// by the model's policy, the seed drawn, the data read and checked (load_split). Called
+/// after the command's own checks and before its folder is created, so that bad data is
+/// refused before anything is written.
+RunStart start_run(const RunArgs& args, int world_size);
+
 /// The model the configuration names: a built-in one, or a TorchScript file.
 Model build_model(const RunConfig& config);
 /// The args' model_source when they have one, else the configuration's model.
