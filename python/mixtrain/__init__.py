@@ -41,8 +41,7 @@ def _check_torch():
         def say(v):
             return "torch %s (C++11 ABI %s, %s)" % (v[0], "on" if v[1] else "off", "CUDA " + v[2] if v[2] else "CPU")
         raise ImportError("mixtrain was built against %s, but this Python imports %s: rebuild it against this torch "
-                          "(cmake -S %s -B %s -DMIXTRAIN_PYTHON=%s && cmake --build %s)" % (
-                              say(then), say(now), built.SOURCE_DIR, built.BUILD_DIR, sys.executable, built.BUILD_DIR))
+                          "(%s)" % (say(then), say(now), built.REBUILD.replace("{python}", sys.executable)))
 
 
 _check_torch()
