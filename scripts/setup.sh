@@ -29,6 +29,7 @@ TEST_PACKAGES=(
   iproute2                            # network namespaces for the 2-node launch test
   clang-14 libclang-rt-14-dev          # the ASan+UBSan build and libFuzzer (make sanitize, make fuzz)
   libomp-14-dev                        # OpenMP for the clang build (not on every image)
+  ninja-build                          # pip's build of the package (tests/pip_install_test.sh), as a user's would run
 )
 TEST_PIP=(pytest numpy)               # the Python package's tests
 
