@@ -39,8 +39,14 @@ matches=$(grep -o '"matches_run": [a-z]*' "$tmp/d8/diagnosis.json")
 # fixed costs (start, loading the data), which dominate runs this small.
 arms1=$(sed -n 's/.*"seconds": \([0-9.e+-]*\).*/\1/p' "$tmp/d1/diagnosis.json" | tail -1)
 arms8=$(sed -n 's/.*"seconds": \([0-9.e+-]*\).*/\1/p' "$tmp/d8/diagnosis.json" | tail -1)
+# What starting the fp32 arm costs (build the Learner, load the checkpoint, go to fp32)
+# beside that arm's window and validation (replay.restore_seconds / fp32_arm_seconds).
+restore8=$(sed -n 's/.*"restore_seconds": \([0-9.e+-]*\).*/\1/p' "$tmp/d8/diagnosis.json" | tail -1)
+arm8=$(sed -n 's/.*"fp32_arm_seconds": \([0-9.e+-]*\).*/\1/p' "$tmp/d8/diagnosis.json" | tail -1)
 printf "train 1 epoch %.2f s, 8 epochs %.2f s\n" "$train1" "$train8"
 printf "doctor --from the 1-epoch run %.2f s, the 8-epoch run %.2f s (%s): ratio %.2fx\n" "$from1" "$from8" "$matches" \
   "$(awk "BEGIN { print $from8 / $from1 }")"
 printf "their replays alone (diagnosis.json replay.seconds): %.2f s and %.2f s\n" "$arms1" "$arms8"
 printf "doctor from scratch on the 8-epoch run %.2f s: --from costs %.3fx of it\n" "$scratch8" "$(awk "BEGIN { print $from8 / $scratch8 }")"
+printf "starting the fp32 arm from the checkpoint %.3f s, beside its window and validation %.3f s: %.1f%%\n" "$restore8" "$arm8" \
+  "$(awk "BEGIN { print 100 * $restore8 / $arm8 }")"

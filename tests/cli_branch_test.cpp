@@ -71,6 +71,8 @@ TEST(CliBranchTest, TheReplayMatchesTheRunInEachMode) {
     EXPECT_EQ(replay.at("matches_run"), true) << replay;
     EXPECT_EQ(replay.at("step"), 8);
     EXPECT_EQ(replay.at("window"), 8);
+    EXPECT_GT(replay.at("restore_seconds").get<double>(), 0) << replay;  // timed, where the bench reads it
+    EXPECT_GT(replay.at("fp32_arm_seconds").get<double>(), 0) << replay;
     EXPECT_EQ(j.at("evidence").at("fp32").at("steps"), 8);
     EXPECT_EQ(j.at("evidence").at("mixed").at("steps"), 8);
     EXPECT_EQ(listing(run), before) << "the doctor wrote into the run's folder";

@@ -7,9 +7,9 @@
 # after which neither is there.
 # With PREBUILT_LIB (make test passes make check's libmixtrain.a, built from these sources
 # against the same torch version) pip compiles only the extension and the command; what
-# that leaves out is pip compiling the library itself (the same sources and flags make check
-# compiles against the same torch version; not yet timed under pip on its own). Without it
-# the whole package compiles: what make demo compiles, and the extension.
+# that leaves out is pip compiling the library itself (the same sources make check compiles
+# against the same torch version; run by hand: BENCHMARKS.md, "pip install"). Without it the
+# whole package compiles: what make demo compiles, and the extension.
 #   pip_install_test.sh SOURCE_DIR WORK BASE_PYTHON [PREBUILT_LIB]
 set -euo pipefail
 src=$1 work=$2 base=$3 prebuilt=${4:-}

@@ -207,6 +207,8 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
                    {"difference", r.difference.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.difference)},
                    {"not_compared", r.not_compared.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.not_compared)},
                    {"seconds", r.seconds},
+                   {"restore_seconds", r.restore_seconds},
+                   {"fp32_arm_seconds", r.fp32_arm_seconds},
                    {"notes", r.notes},
                    {"run_record", r.record}};
   }

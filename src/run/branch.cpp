@@ -399,13 +399,22 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
 
   const auto start = std::chrono::steady_clock::now();
   double arms_seconds = -1;
+  std::chrono::steady_clock::time_point fp32_ready;
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   const diagnose::BranchFactory at_branch = [&](diagnose::Arm arm, const diagnose::MixedRun& trial) {
+    const auto entered = std::chrono::steady_clock::now();
+    // The fp32 arm ran from when its Learner was ready until the run's arm is asked for.
+    if (arm == diagnose::Arm::kRun && replay.restore_seconds > 0) replay.fp32_arm_seconds = since(fp32_ready);
     if (arm == diagnose::Arm::kFp32) std::cout << "doctor: 1/2 fp32 from the checkpoint" << std::endl;
     if (arm == diagnose::Arm::kRun)
       std::cout << "doctor: 2/2 " << precision_name(r.precision) << " from the checkpoint (the run, continued)" << std::endl;
     std::unique_ptr<Learner> learn = restored(checkpoint);
     if (arm == diagnose::Arm::kFp32) {
       learn->to_fp32();
+      replay.restore_seconds = since(entered);
+      fp32_ready = std::chrono::steady_clock::now();
     } else if (arm == diagnose::Arm::kTrial) {
       convert_precision(*learn, trial.precision, trial.options, trial.clip, own_options);
     }

@@ -149,6 +149,10 @@ struct Replay {
   std::string difference;         ///< what differs there, in words
   std::string not_compared;       ///< why matches_run is nullopt
   double seconds = 0;             ///< restoring, both arms and their validations (trials apart)
+  /// Of that, what the fp32 arm took to start (build the Learner, load the checkpoint, go
+  /// to fp32) and then to run (the window and its validation): the branch's own cost
+  /// beside the work it branches for. 0 where not measured.
+  double restore_seconds = 0, fp32_arm_seconds = 0;
   /// Notes on the branch point: why this checkpoint (an earlier one than the newest).
   std::vector<std::string> notes;
   /// What the run recorded before the doctor replayed anything (its own record): the
