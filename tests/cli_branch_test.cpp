@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 using namespace mixtrain::test;
@@ -239,6 +240,18 @@ TEST(CliBranchTest, BadInputIsOneLineAndWritesNothingIntoTheRun) {
   fs::copy(run, damaged, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   fs::resize_file(damaged + "/checkpoint-8.pt", fs::file_size(damaged + "/checkpoint-8.pt") / 2);
   expect_usage_error("doctor --from " + damaged + " --at 8", "checkpoint-8.pt is truncated");
+  // A checkpoint another version of mixtrain wrote: its container version (bytes 8-11,
+  // after "MIXTRAIN") is not this one's.
+  const std::string older = scratch_dir("branch_older");
+  fs::copy(run, older, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  {
+    std::fstream f(older + "/checkpoint-8.pt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    const char version_zero[4] = {0, 0, 0, 0};
+    f.write(version_zero, 4);
+  }
+  expect_usage_error("doctor --from " + older + " --at 8", "checkpoint-8.pt has container version 0; this mixtrain reads version");
+  expect_usage_error("doctor --from " + run + " --resume " + run, "--resume");
   // A run of fp32 has nothing to compare.
   const std::string fp32 = trained("branch_fp32", "--precision fp32");
   expect_usage_error("doctor --from " + fp32, "trained in fp32");
