@@ -4,8 +4,8 @@
 # its own torch, builds examples/quickstart and trains it on synthetic data.
 # With PREBUILT_LIB (make test passes make check's libmixtrain.a, the same sources against
 # the same torch) the subproject links it instead of compiling the library once per way:
-# what that leaves out is the library's compile inside another project, run by hand
-# without it (README, "The library").
+# what that leaves out is the library's compile inside another project (run by hand with
+# FetchContent: README, "The library").
 #   source_consumer_test.sh SOURCE_DIR WORK PYTHON [PREBUILT_LIB]
 set -euo pipefail
 src=$1 work=$2 python=$3 prebuilt=${4:-}
