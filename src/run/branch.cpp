@@ -242,7 +242,8 @@ void check_replay(diagnose::Replay& r, const diagnose::RunEvidence& mixed, const
 /// Returns what that means, in words (`done`: "replayed", ...); empty for a one-process run.
 std::string as_one_process(RunConfig& c, const std::string& done) {
   if (c.ranks <= 1) return "";
-  const int64_t ranks = c.ranks, per_rank = c.bs;
+  const int ranks = c.ranks;
+  const int64_t per_rank = c.bs;
   c.bs = per_rank * ranks;
   c.ranks = 1;
   return "it was trained by " + std::to_string(ranks) + " data-parallel ranks of batch size " +
@@ -292,7 +293,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
                                       r.model + "), which the folder does not hold; pass them again with it");
   if (r.precision == Precision::kFp32)
     throw OptionError("from_run", "cannot branch from " + from + ": it trained in fp32, so there is no mixed precision to diagnose");
-  const int64_t ranks = r.ranks;
+  const int ranks = r.ranks;
   const std::string one_process = as_one_process(b.config, "replayed");
   if (!r.lr.one_for_all())
     throw OptionError("from_run", "cannot branch from " + from + ": its " + Phrase::name("lr") + " " + r.lr.str() +
@@ -449,9 +450,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   d.replay = replay;
   std::string next;
   if (d.proven_fix)
-    next = "continue the run with it: " +
-           (ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train")) +
-           " --from " + from + " --at " + std::to_string(replay.step) + " --out NEW_DIR " +
+    next = "continue the run with it: " + train_command(ranks) + " --from " + from + " --at " + std::to_string(replay.step) + " --out NEW_DIR " +
            d.trials[*d.proven_fix].settings_in(flag_words()) + "\n";
   write_doctor_outputs(d, folder, words, a, next);
   return d;
@@ -486,15 +485,13 @@ BranchStart start_from_run(RunArgs& a) {
   }
   // The same ranks go on with the same batch per rank; one process takes their global batch.
   const int world = distributed::env_from_environment().world_size;
-  const int64_t ranks = start.trained.ranks;
+  const int ranks = start.trained.ranks;
   if (world != ranks && world != 1)
     throw OptionError("from_run", "cannot start " + std::to_string(world) + " ranks from " + start.from + ": it was trained by " +
                                       std::to_string(ranks) + (ranks > 1 ? " ranks" : " process") +
                                       ", and another count would change its global batch; continue it with " +
-                                      (ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train")) +
-                                      " " + Phrase::name("from_run") + " " + start.from);
+                                      train_command(ranks) + " " + Phrase::name("from_run") + " " + start.from);
   if (world == 1) start.one_process = as_one_process(start.trained, "continued");
-  start.trained.ranks = 1;
   // The new run: the run's own flags, with the given ones that change only how it computes.
   const RunArgs defaults = defaults_for(Command::kTrain);
   RunArgs merged = a;

@@ -36,12 +36,11 @@
 
 namespace mixtrain::run {
 
-namespace {
-
-/// "mixtrain train", or the launch line a data-parallel run is resumed with.
 std::string train_command(int ranks) {
   return ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train");
 }
+
+namespace {
 
 /// A monitored value the Learner does not have is an error before training starts.
 void check_monitor(Learner& learn, const std::string& monitor) {

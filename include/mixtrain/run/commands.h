@@ -92,6 +92,9 @@ diagnose::Diagnosis doctor(RunArgs args, const OptionWords& words = api_words(),
 /// loss scale, "scale"; what mixtrain doctor writes as loss.svg and scale.svg.
 std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d);
 
+/// "mixtrain train", or the launch line a run of `ranks` data-parallel ranks goes on with.
+std::string train_command(int ranks);
+
 /// Refuses, naming the modes it takes, a precision the doctor does not compare with fp32
 /// (PrecisionMode::doctor_compares).
 void check_doctor_compares(Precision precision);
