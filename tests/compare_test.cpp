@@ -2,6 +2,7 @@
 // verdict must come from what the two runs measured.
 #include "test_util.h"
 
+#include <mixtrain/diagnose/trial_stop.h>
 #include <mixtrain/mixtrain.h>
 
 #include <nlohmann/json.hpp>
@@ -206,3 +207,38 @@ TEST_F(CompareTest, Fp16WithEmulationForbiddenIsUnsupported) {
 }
 
 } // namespace
+
+namespace {
+/// A trial that ended, proven or not, at `bytes` a parameter.
+diagnose::Trial trial_at(double bytes, bool proven) {
+  diagnose::Trial t;
+  t.fix = Phrase("a fix");
+  t.run.bytes_per_param = bytes;
+  t.verdict = proven ? diagnose::Verdict::kHealthy : diagnose::Verdict::kLostUpdates;
+  return t;
+}
+diagnose::Fix waiting_fix(double min_extra_bytes) { return {Phrase("waiting"), {{"weight_update", "kahan"}}, min_extra_bytes}; }
+} // namespace
+
+// The trials stop at a proven fix only when no waiting fix can be cheaper: each costs at
+// least the run under diagnosis plus its known extra. bf16-pure's run here costs 8 bytes
+// a parameter (bf16 weights, gradients and AdamW's two moments).
+TEST(TrialStopTest, StopsOnlyWhenNoWaitingFixCanBeCheaper) {
+  using diagnose::why_trials_stop;
+  // A cure at the run's own cost: nothing can undercut it.
+  const std::string at_floor = why_trials_stop(trial_at(8, true), 8, {waiting_fix(2), waiting_fix(4)});
+  EXPECT_EQ(at_floor, "the proven fix costs 8 bytes a parameter: none of the 2 fix(es) still waiting could be cheaper");
+  // An island proven at 8.1 with Kahan (at least 10) and the masters (12) waiting: stop.
+  EXPECT_FALSE(why_trials_stop(trial_at(8.1, true), 8, {waiting_fix(2), waiting_fix(4)}).empty());
+  // Kahan proven at 10 with a small island (at least 8.5) still waiting: it could be cheaper.
+  EXPECT_EQ(why_trials_stop(trial_at(10, true), 8, {waiting_fix(0.5), waiting_fix(4)}), "");
+  // A waiting fix of unknown cost (0 extra) may cost what the run does: a dearer proof goes on.
+  EXPECT_EQ(why_trials_stop(trial_at(8.1, true), 8, {waiting_fix(4), waiting_fix(0)}), "");
+  // Exactly as cheap is not cheaper: the first proven of equal cost stands.
+  EXPECT_FALSE(why_trials_stop(trial_at(10, true), 8, {waiting_fix(2)}).empty());
+  // Nothing proven, nothing waiting, or a cost unknown: the trials go on (or end by themselves).
+  EXPECT_EQ(why_trials_stop(trial_at(8, false), 8, {waiting_fix(2)}), "");
+  EXPECT_EQ(why_trials_stop(trial_at(8, true), 8, {}), "");
+  EXPECT_EQ(why_trials_stop(trial_at(8, true), NAN, {waiting_fix(2)}), "");
+  EXPECT_EQ(why_trials_stop(trial_at(NAN, true), 8, {waiting_fix(2)}), "");
+}

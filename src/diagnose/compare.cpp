@@ -11,6 +11,7 @@
 #include "mixtrain/core/precision_modes.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/stop_on_request.h"
+#include "mixtrain/diagnose/trial_stop.h"
 #include "mixtrain/diagnose/gradient_health.h"
 #include "mixtrain/diagnose/input_check.h"
 #include "mixtrain/diagnose/overflow_trace.h"
@@ -227,21 +228,10 @@ void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o)
     }
     report_progress(d, o);
     const Trial& t = d.trials.back();
-    // Cheapest first: a fix never costs less than the run it fixes (fixes add fp32, not
-    // take it away), and some are known to cost more (Fix::min_extra_bytes). Once one is
-    // proven, the waiting fixes that cannot be cheaper than it are not tried.
-    const double floor = d.evidence.mixed ? d.evidence.mixed->bytes_per_param : NAN;
-    const size_t waiting = queue.size() - i - 1;
-    const bool none_cheaper =
-        std::isfinite(floor) && std::isfinite(t.run.bytes_per_param) &&
-        std::all_of(queue.begin() + static_cast<std::ptrdiff_t>(i) + 1, queue.end(),
-                    [&](const Fix& f) { return floor + f.min_extra_bytes >= t.run.bytes_per_param - 1e-9; });
-    if (t.proven() && waiting > 0 && none_cheaper) {
-      d.trials_stopped = "the proven fix costs " + mixtrain::detail::short_number(t.run.bytes_per_param, 3) +
-                         " bytes a parameter: none of the " + std::to_string(waiting) +
-                         " fix(es) still waiting could be cheaper";
-      break;
-    }
+    const double run_bytes = d.evidence.mixed ? d.evidence.mixed->bytes_per_param : NAN;
+    const std::vector<Fix> waiting(queue.begin() + static_cast<std::ptrdiff_t>(i) + 1, queue.end());
+    d.trials_stopped = why_trials_stop(t, run_bytes, waiting);
+    if (!d.trials_stopped.empty()) break;
     if (island && !t.proven() && !next.empty()) {
       std::vector<std::string> names = mixtrain::detail::comma_list(c.settings[0].value);
       if (std::find(names.begin(), names.end(), next) == names.end()) {
@@ -256,6 +246,17 @@ void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o)
 }
 
 } // namespace
+
+std::string why_trials_stop(const Trial& trial, double run_bytes, const std::vector<Fix>& waiting) {
+  if (!trial.proven() || waiting.empty() || !std::isfinite(run_bytes) || !std::isfinite(trial.run.bytes_per_param))
+    return {};
+  const bool none_cheaper = std::all_of(waiting.begin(), waiting.end(), [&](const Fix& f) {
+    return run_bytes + f.min_extra_bytes >= trial.run.bytes_per_param - 1e-9;
+  });
+  if (!none_cheaper) return {};
+  return "the proven fix costs " + mixtrain::detail::short_number(trial.run.bytes_per_param, 3) +
+         " bytes a parameter: none of the " + std::to_string(waiting.size()) + " fix(es) still waiting could be cheaper";
+}
 
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   TORCH_CHECK(mode_of(o.precision()).doctor_compares,
