@@ -43,9 +43,12 @@ check: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS)
 
 # .venv-cuda first (a prerequisite would run after check had configured without it).
+# make test is the build from nothing (CI, a fresh clone): its suite is a unity build too
+# (the library, the CLI and the tests in batches); a make check after it goes back to
+# file by file, recompiling once.
 test:
 	bash scripts/setup.sh --cuda
-	$(MAKE) check
+	$(MAKE) check UNITY=ON
 	$(MAKE) sanitize
 	$(MAKE) fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
 

@@ -23,11 +23,11 @@ using namespace mixtrain;
 using test::run_cli;
 namespace fs = std::filesystem;
 
-std::string file(const std::string& name) { return test::exported_by("export_bad_input.py") + "/" + name; }
+std::string bad_input_file(const std::string& name) { return test::exported_by("export_bad_input.py") + "/" + name; }
 
 /// Flags that train the exported MLP on `data` quickly.
 std::string mlp_on(const std::string& data, const std::string& model = "mlp.pt", int bs = 32) {
-  return " --model " + file(model) + " --data " + file(data) + " --bs " + std::to_string(bs) + " --threads 1";
+  return " --model " + bad_input_file(model) + " --data " + bad_input_file(data) + " --bs " + std::to_string(bs) + " --threads 1";
 }
 
 bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
@@ -38,7 +38,7 @@ TEST(CliBadInputTest, ATensorClaimingMoreRowsThanItsStorageIsRefusedNotRead) {
   for (const char* data : {"rows-past-storage.pt", "rows-far-past-storage.pt"}) {
     SCOPED_TRACE(data);
     const std::string out = test::scratch_dir("bad_storage") + "/run";
-    const auto r = run_cli("train --model " + file("mlp.pt") + " --data " MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file/" +
+    const auto r = run_cli("train --model " + bad_input_file("mlp.pt") + " --data " MIXTRAIN_SOURCE_DIR "/fuzz/regressions/tensor_file/" +
                            data + " --bs 32 --threads 1 --epochs 1 --out " + out);
     EXPECT_EQ(r.code, 2) << r.err;  // not 139
     EXPECT_TRUE(contains(r.err, "is damaged: a tensor of shape [")) << r.err;  // torch 2.x refuses it while unpickling
@@ -327,7 +327,7 @@ TEST(CliBadInputTest, AModelOrCheckpointWhoseRecordIsShorterThanItsClaimIsRefuse
   for (const auto& entry : fs::directory_iterator(MIXTRAIN_SOURCE_DIR "/fuzz/seeds/scripted_model"))
     EXPECT_NO_THROW(load_scripted_model(entry.path().string())) << entry.path();
   const std::string dir = test::scratch_dir("record_cut");
-  const auto r = run_cli("train --model " + cut + " --data " + file("data.pt") + " --epochs 1 --out " + dir + "/model_run");
+  const auto r = run_cli("train --model " + cut + " --data " + bad_input_file("data.pt") + " --epochs 1 --out " + dir + "/model_run");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_FALSE(fs::exists(dir + "/model_run"));
   // The same edit inside a checkpoint, its header's checksum recomputed.
@@ -349,21 +349,21 @@ TEST(CliBadInputTest, AModelOrCheckpointWhoseRecordIsShorterThanItsClaimIsRefuse
 // a resume from elsewhere, or after the file was replaced, trained on other data.
 TEST(CliBadInputTest, AResumeReadsTheSameFilesFromAnywhereOrSaysWhichChanged) {
   const std::string dir = test::scratch_dir("resume_inputs");
-  fs::copy_file(file("data.pt"), dir + "/data.pt");
-  fs::copy_file(file("mlp.pt"), dir + "/mlp.pt");
+  fs::copy_file(bad_input_file("data.pt"), dir + "/data.pt");
+  fs::copy_file(bad_input_file("mlp.pt"), dir + "/mlp.pt");
   const std::string out = dir + "/run";
   const auto cut = run_cli("train --model mlp.pt --data data.pt --bs 32 --threads 1 --epochs 2 --interrupt-at-step 5 --out " + out,
                            "cd " + dir + " && ");
   ASSERT_EQ(cut.code, 130) << cut.err;
   EXPECT_TRUE(contains(test::slurp(out + "/args.json"), "\"data\": \"" + dir + "/data.pt\"")) << test::slurp(out + "/args.json");
   // Another data file in its place: refused, naming it.
-  fs::copy_file(file("y_class_minus_1.pt"), dir + "/data.pt", fs::copy_options::overwrite_existing);
+  fs::copy_file(bad_input_file("y_class_minus_1.pt"), dir + "/data.pt", fs::copy_options::overwrite_existing);
   auto r = run_cli("train --resume " + out);  // from the tests' own directory, not dir
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "cannot resume " + out + ": --data " + dir + "/data.pt is ")) << r.err;
   EXPECT_TRUE(contains(r.err, "but its checkpoints were trained on")) << r.err;
   // The file put back: the resume goes on, from any directory.
-  fs::copy_file(file("data.pt"), dir + "/data.pt", fs::copy_options::overwrite_existing);
+  fs::copy_file(bad_input_file("data.pt"), dir + "/data.pt", fs::copy_options::overwrite_existing);
   r = run_cli("train --resume " + out);
   EXPECT_EQ(r.code, 0) << r.err;
 }
@@ -385,7 +385,7 @@ TEST(CliBadInputTest, Bf16PureLostUpdateSharesPerEpochSurviveAResume) {
 }
 
 TEST(CliBadInputTest, IslandsHoldingEveryParameterAreRefusedAsStarIs) {
-  test::expect_usage_error("train --model " + file("normed_mlp.pt") + " --data " + file("data.pt") +
+  test::expect_usage_error("train --model " + bad_input_file("normed_mlp.pt") + " --data " + bad_input_file("data.pt") +
                                " --precision bf16 --keep-fp32 l1,ln1,l2 --out " + test::scratch_dir("all_islands") + "/run",
                            "keeps every parameter of the model in fp32: that is fp32 training, not an island");
 }

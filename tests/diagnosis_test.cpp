@@ -13,7 +13,7 @@ namespace {
 using namespace mixtrain::diagnose;
 using mixtrain::test::contains;
 
-RunEvidence run(const std::string& precision, double first, double final_loss) {
+RunEvidence run_evidence(const std::string& precision, double first, double final_loss) {
   RunEvidence r;
   r.precision = precision;
   r.first_loss = first;
@@ -25,8 +25,8 @@ RunEvidence run(const std::string& precision, double first, double final_loss) {
 
 Evidence healthy_pair() {
   Evidence e;
-  e.fp32 = run("fp32", 2.3, 0.50);
-  e.mixed = run("fp16", 2.3, 0.51);
+  e.fp32 = run_evidence("fp32", 2.3, 0.50);
+  e.mixed = run_evidence("fp16", 2.3, 0.51);
   e.mixed->scale.has_scale = true;
   e.mixed->scale.initial_scale = e.mixed->scale.final_scale = e.mixed->scale.min_scale = 65536;
   return e;

@@ -11,7 +11,7 @@ namespace {
 using mixtrain::amp::LossScaleRule;
 using mixtrain::amp::LossScaleRuleOptions;
 
-std::vector<double> run(LossScaleRule& rule, const std::vector<bool>& overflows) {
+std::vector<double> scales_after(LossScaleRule& rule, const std::vector<bool>& overflows) {
   std::vector<double> scales;
   for (bool o : overflows) {
     rule.update(o);
@@ -29,7 +29,7 @@ LossScaleRuleOptions torch_options(int64_t interval) {
 TEST(LossScaleRuleTest, TorchRuleBacksOffOnEveryOverflowAndGrowsAfterTheInterval) {
   LossScaleRule rule(65536, torch_options(3));
   // Overflows at steps 0, 1, 2, then clean: grows after every 3 clean steps.
-  const auto scales = run(rule, {true, true, true, false, false, false, false, false, false, true, false});
+  const auto scales = scales_after(rule, {true, true, true, false, false, false, false, false, false, true, false});
   const std::vector<double> expected{32768, 16384, 8192, 8192, 8192, 16384, 16384, 16384, 32768, 16384, 16384};
   EXPECT_EQ(scales, expected);
   EXPECT_EQ(rule.growth_tracker(), 1);
@@ -39,9 +39,9 @@ TEST(LossScaleRuleTest, GrowthStopsAtMaxScaleAndBeforeInfinity) {
   LossScaleRuleOptions o = torch_options(1);
   o.max_scale = 100000;
   LossScaleRule capped(65536, o);
-  EXPECT_EQ(run(capped, {false, false}), (std::vector<double>{100000, 100000}));
+  EXPECT_EQ(scales_after(capped, {false, false}), (std::vector<double>{100000, 100000}));
   LossScaleRule huge(std::pow(2.0, 127), torch_options(1));  // float's largest power of two
-  EXPECT_EQ(run(huge, {false}), (std::vector<double>{std::pow(2.0, 127)}));  // 2^128 is inf in float: kept
+  EXPECT_EQ(scales_after(huge, {false}), (std::vector<double>{std::pow(2.0, 127)}));  // 2^128 is inf in float: kept
 }
 
 TEST(LossScaleRuleTest, FastaiV1HalvesWhileAboveOneAndDoublesAfterMaxNoskip) {
@@ -51,7 +51,7 @@ TEST(LossScaleRuleTest, FastaiV1HalvesWhileAboveOneAndDoublesAfterMaxNoskip) {
   v1.throw_at_min_scale = false;
   v1.max_scale = 8;
   LossScaleRule rule(4, v1);
-  const auto scales = run(rule, {true, true, true, true, false, false, false, false, false, false, false, false});
+  const auto scales = scales_after(rule, {true, true, true, true, false, false, false, false, false, false, false, false});
   // 4 -> 2 -> 1, then stays at 1 (v1 halves only while above 1, and never throws);
   // two clean steps double it, up to max_scale 8.
   const std::vector<double> expected{2, 1, 1, 1, 1, 2, 2, 4, 4, 8, 8, 8};
@@ -76,13 +76,13 @@ TEST(LossScaleRuleTest, HysteresisRefillsOnlyWhenTheScaleGrowsAsMegatron) {
   // (Megatron's DynamicGradScaler falls to 128 over these 20 steps).
   std::vector<bool> alternating;
   for (int i = 0; i < 20; ++i) alternating.push_back(i % 2 == 0);
-  run(rule, alternating);
+  scales_after(rule, alternating);
   EXPECT_EQ(rule.scale(), 128);
   // Growth refills the budget.
   LossScaleRuleOptions g = torch_options(2);
   g.hysteresis = 2;
   LossScaleRule grows(1024, g);
-  EXPECT_EQ(run(grows, {true, false, false, true, true}), (std::vector<double>{1024, 1024, 2048, 2048, 1024}));
+  EXPECT_EQ(scales_after(grows, {true, false, false, true, true}), (std::vector<double>{1024, 1024, 2048, 2048, 1024}));
 }
 
 TEST(LossScaleRuleTest, ConsecutiveHysteresisRefillsOnEveryCleanStep) {
@@ -92,9 +92,9 @@ TEST(LossScaleRuleTest, ConsecutiveHysteresisRefillsOnEveryCleanStep) {
   LossScaleRule rule(65536, o);
   std::vector<bool> alternating;
   for (int i = 0; i < 20; ++i) alternating.push_back(i % 2 == 0);
-  run(rule, alternating);
+  scales_after(rule, alternating);
   EXPECT_EQ(rule.scale(), 65536);  // never two in a row: never backs off
-  EXPECT_EQ(run(rule, {true, true, false}), (std::vector<double>{65536, 32768, 32768}));
+  EXPECT_EQ(scales_after(rule, {true, true, false}), (std::vector<double>{65536, 32768, 32768}));
   EXPECT_EQ(rule.hysteresis_left(), 2);
 }
 

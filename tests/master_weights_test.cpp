@@ -45,7 +45,7 @@ data::DataLoaders image_loaders() {
   return data::DataLoaders::from_split({make(128, 1), make(64, 2)}, 16, 3);
 }
 
-data::DataLoaders blob_loaders() {
+data::DataLoaders master_loaders() {
   return data::DataLoaders::from_split({test::blobs(128, 3, 4, 41), test::blobs(64, 3, 4, 42)}, 16, 3);
 }
 
@@ -77,7 +77,7 @@ TEST_F(MasterWeightsTest, NormLayersAndBuffersStayFp32EverythingElseIsDtype) {
 }
 
 TEST_F(MasterWeightsTest, MastersAreFp32CopiesAndOptimizerHoldsThem) {
-  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
   auto mw = learn.get_cb<amp::MasterWeights>();
   const auto params = learn.model().module().parameters();
@@ -98,7 +98,7 @@ TEST_F(MasterWeightsTest, MastersAreFp32CopiesAndOptimizerHoldsThem) {
 TEST_F(MasterWeightsTest, OverflowStepLeavesWeightsMastersAndOptimizerStateBitwiseUnchanged) {
   for (bool use_sgd : {true, false}) {
     SCOPED_TRACE(use_sgd ? "SGD momentum + weight decay" : "AdamW");
-    Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(),
+    Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(),
                   LearnerOptions().progress(false).opt_func(use_sgd ? sgd(0.9, 0.01) : adamw()));
     learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
     auto mw = learn.get_cb<amp::MasterWeights>();
@@ -138,7 +138,7 @@ TEST_F(MasterWeightsTest, OverflowStepLeavesWeightsMastersAndOptimizerStateBitwi
 }
 
 TEST_F(MasterWeightsTest, HalvingAndDoublingFollowMaxNoskipAndMaxScale) {
-  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).max_noskip(2).max_scale(131072));
   learn.add_cb(std::make_shared<test::InjectOverflow>(std::set<int64_t>{5}));
   learn.fit(1, 1e-2);
@@ -150,7 +150,7 @@ TEST_F(MasterWeightsTest, HalvingAndDoublingFollowMaxNoskipAndMaxScale) {
 }
 
 TEST_F(MasterWeightsTest, StaticScaleNeverChangesButStillSkipsOverflow) {
-  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).dynamic(false).max_noskip(1));
   learn.add_cb(std::make_shared<test::InjectOverflow>(std::set<int64_t>{2}));
   learn.fit(1, 1e-2);
@@ -177,7 +177,7 @@ TEST_F(MasterWeightsTest, FlatAndPerParameterMastersGiveTheSameWeights) {
 }
 
 TEST_F(MasterWeightsTest, ClipSeesUnscaledFp32Gradients) {
-  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false).opt_func(sgd(0.0)));
+  Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(), LearnerOptions().progress(false).opt_func(sgd(0.0)));
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).clip(0.01));
   struct MasterGradNorm : Callback {
     std::shared_ptr<amp::MasterWeights> mw;
@@ -204,7 +204,7 @@ TEST_F(MasterWeightsTest, ClipSeesUnscaledFp32Gradients) {
 }
 
 TEST_F(MasterWeightsTest, Fp16OnCpuIsAClearErrorAndToFp32Restores) {
-  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(), LearnerOptions().progress(false));
   EXPECT_THROW_WITH(learn.to_half(amp::MasterWeightsOptions().dtype(torch::kHalf)), "fp16-master needs CUDA");
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
   learn.fit(1, 1e-2);
@@ -226,7 +226,7 @@ namespace {
 // to_half() must not be overwritten by the old masters at the first step.
 TEST(MasterWeightsResyncTest, WeightsLoadedIntoTheModelAfterToHalfAreKept) {
   torch::manual_seed(11);
-  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
   learn.fit(1, 1e-2);
   // New weights, as a user would load them from a file.
@@ -259,7 +259,7 @@ TEST(MasterWeightsResyncTest, APartialAccumulationDoesNotLeakIntoTheNextEpoch) {
       clean.push_back(none);
     }
   };
-  Learner learn(nn::Linear(4, 3), blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(nn::Linear(4, 3), master_loaders(), cross_entropy(), LearnerOptions().progress(false));
   ASSERT_EQ(learn.dls().train.num_batches(), 8);
   learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16));
   learn.add_cb(std::make_shared<callbacks::GradientAccumulation>(3));
@@ -287,7 +287,7 @@ TEST(MasterWeightsFlatTest, AParameterWithoutAGradientKeepsItsWeights) {
     SCOPED_TRACE(flat ? "flat" : "per parameter");
     torch::manual_seed(13);
     WithUnused net;
-    Learner learn(net, blob_loaders(), cross_entropy(), LearnerOptions().progress(false));
+    Learner learn(net, master_loaders(), cross_entropy(), LearnerOptions().progress(false));
     learn.to_half(amp::MasterWeightsOptions().dtype(torch::kBFloat16).flat_master(flat));
     const torch::Tensor before = net->unused->weight.detach().clone();
     learn.fit(2, 1e-1);  // AdamW's decoupled weight decay would shrink it by ~1e-3 a step

@@ -9,7 +9,7 @@ namespace {
 
 using namespace mixtrain;
 
-data::DataLoaders loaders() {
+data::DataLoaders mixed_precision_loaders() {
   return data::DataLoaders::from_split({test::blobs(256, 3, 4, 21), test::blobs(128, 3, 4, 22)}, 32, 1);
 }
 
@@ -33,7 +33,7 @@ class WatchWeights : public Callback {
 class MixedPrecisionTest : public test::SeededTest {};
 
 TEST_F(MixedPrecisionTest, InjectedOverflowsAreSkippedRecordedAndKept) {
-  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(torch::nn::Linear(4, 3), mixed_precision_loaders(), cross_entropy(), LearnerOptions().progress(false));
   // fp32 compute with a real GradScaler (growth_interval 2): the skip logic without fp16.
   learn.add_cb(std::make_shared<amp::MixedPrecision>(torch::kFloat, amp::GradScalerOptions().growth_interval(2)));
   auto watch = std::make_shared<WatchWeights>();
@@ -66,7 +66,7 @@ TEST_F(MixedPrecisionTest, InjectedOverflowsAreSkippedRecordedAndKept) {
 }
 
 TEST_F(MixedPrecisionTest, Bf16OnCpuTrainsWithFp32PredsAndNoScaler) {
-  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
+  Learner learn(torch::nn::Linear(4, 3), mixed_precision_loaders(), cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
   struct PredDtype : Callback {
     std::set<c10::ScalarType> seen;
     PredDtype() { order = 20; }
@@ -84,7 +84,7 @@ TEST_F(MixedPrecisionTest, Bf16OnCpuTrainsWithFp32PredsAndNoScaler) {
 }
 
 TEST_F(MixedPrecisionTest, ToFp16ReplacesAndChains) {
-  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(torch::nn::Linear(4, 3), mixed_precision_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_bf16().to_fp16(amp::GradScalerOptions().init_scale(256));
   int count = 0;
   for (const auto& cb : learn.cbs()) count += std::dynamic_pointer_cast<PrecisionCallback>(cb) != nullptr;
@@ -97,7 +97,7 @@ TEST_F(MixedPrecisionTest, ToFp16ReplacesAndChains) {
 }
 
 TEST_F(MixedPrecisionTest, AccumulationStepsTheScalerOnlyOnTheBoundaryAndClipRecordsNorms) {
-  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(torch::nn::Linear(4, 3), mixed_precision_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.add_cb(std::make_shared<amp::MixedPrecision>(torch::kFloat, amp::GradScalerOptions().growth_interval(1)));
   learn.add_cb(std::make_shared<callbacks::GradientAccumulation>(2));
   learn.add_cb(std::make_shared<callbacks::GradientClip>(0.5));
@@ -122,7 +122,7 @@ namespace {
 // "AutocastCPU only supports Bfloat16".
 TEST(MixedPrecisionEvalTest, ValidateAndGetPredsBeforeAnyFitUseTheEmulation) {
   torch::manual_seed(5);
-  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(torch::nn::Linear(4, 3), mixed_precision_loaders(), cross_entropy(), LearnerOptions().progress(false));
   const double fp32_loss = learn.validate().at(0);
   learn.to_fp16();
   std::vector<double> fp16;
@@ -154,7 +154,7 @@ TEST(MixedPrecisionEvalTest, AnExceptionFromTheModelLeavesNoAutocastOrEmulationO
   TORCH_MODULE(Throws);
   for (bool fp16 : {true, false}) {
     SCOPED_TRACE(fp16 ? "fp16" : "bf16");
-    Learner learn(Throws(), loaders(), cross_entropy(), LearnerOptions().progress(false));
+    Learner learn(Throws(), mixed_precision_loaders(), cross_entropy(), LearnerOptions().progress(false));
     if (fp16)
       learn.to_fp16();
     else

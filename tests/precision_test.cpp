@@ -8,7 +8,7 @@ namespace {
 
 using namespace mixtrain;
 
-data::DataLoaders loaders() {
+data::DataLoaders precision_loaders() {
   return data::DataLoaders::from_split({test::blobs(64, 3, 4, 1), test::blobs(32, 3, 4, 2)}, 16, 3);
 }
 
@@ -38,7 +38,7 @@ TEST(PrecisionTest, OptionsAreValidatedForTheModeThatUsesThem) {
 }
 
 TEST(PrecisionTest, SetPrecisionAttachesOneCallbackThatSaysWhatItDoes) {
-  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(torch::nn::Linear(4, 3), precision_loaders(), cross_entropy(), LearnerOptions().progress(false));
   EXPECT_EQ(learn.precision(), Precision::kFp32);
   EXPECT_EQ(learn.precision_cb(), nullptr);
 
@@ -75,7 +75,7 @@ TEST(PrecisionTest, SetPrecisionAttachesOneCallbackThatSaysWhatItDoes) {
 }
 
 TEST(PrecisionTest, OneLinersAreTheSameCall) {
-  Learner learn(torch::nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(torch::nn::Linear(4, 3), precision_loaders(), cross_entropy(), LearnerOptions().progress(false));
   learn.to_fp16(amp::GradScalerOptions().init_scale(128));
   EXPECT_EQ(learn.precision(), Precision::kFp16);
   EXPECT_EQ(learn.precision_cb()->loss_scale(), 128);

@@ -14,12 +14,12 @@ using amp::ReducedPrecisionEmulation;
 torch::Tensor half_round(const torch::Tensor& t) { return t.to(torch::kHalf).to(torch::kFloat); }
 
 /// A user module calling its children through holder members.
-struct TwoLayerImpl : torch::nn::Module {
-  TwoLayerImpl() : fc1(register_module("fc1", torch::nn::Linear(4, 8))), fc2(register_module("fc2", torch::nn::Linear(8, 3))) {}
+struct HolderCallingNetImpl : torch::nn::Module {
+  HolderCallingNetImpl() : fc1(register_module("fc1", torch::nn::Linear(4, 8))), fc2(register_module("fc2", torch::nn::Linear(8, 3))) {}
   torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };
-TORCH_MODULE(TwoLayer);
+TORCH_MODULE(HolderCallingNet);
 
 class ReducedPrecisionEmulationTest : public test::SeededTest {};
 
@@ -48,7 +48,7 @@ TEST_F(ReducedPrecisionEmulationTest, ActivationsAbove65504OverflowOnlyUnderEmul
 }
 
 TEST_F(ReducedPrecisionEmulationTest, UserModuleMatchesManualHalfRounding) {
-  TwoLayer net;
+  HolderCallingNet net;
   const torch::Tensor x = torch::randn({5, 4}) * 3;
   torch::Tensor emulated;
   {
@@ -105,7 +105,7 @@ TEST_F(ReducedPrecisionEmulationTest, Fp32ListOpsStayFp32EvenOnFp16Results) {
 
 TEST_F(ReducedPrecisionEmulationTest, ToFp16OnCpuEmulatesSkipsAndLearns) {
   auto dls = data::DataLoaders::from_split({test::blobs(512, 3, 4, 31), test::blobs(256, 3, 4, 32)}, 32, 1);
-  Learner learn(TwoLayer(), dls, cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
+  Learner learn(HolderCallingNet(), dls, cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
   // Start far too high: the scale must back off until gradients fit in half.
   learn.to_fp16(amp::GradScalerOptions().init_scale(std::pow(2.0, 24)));
   learn.fit_one_cycle(3, 1e-2);
@@ -116,7 +116,7 @@ TEST_F(ReducedPrecisionEmulationTest, ToFp16OnCpuEmulatesSkipsAndLearns) {
   EXPECT_TRUE(learn.recorder().steps().front().skipped);
   EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
 
-  Learner strict(TwoLayer(), dls, cross_entropy(), LearnerOptions().progress(false));
+  Learner strict(HolderCallingNet(), dls, cross_entropy(), LearnerOptions().progress(false));
   strict.to_fp16({}, /*allow_fp16_emulation=*/false);
   EXPECT_THROW_WITH(strict.fit(1), "fp16 emulation on CPU is forbidden");
 }
@@ -326,7 +326,7 @@ TEST_F(FaithfulEmulationTest, Bf16EmulationRoundsThroughBfloat16AndIsUsedWithout
   auto dls = data::DataLoaders::from_split({test::blobs(512, 3, 4, 31), test::blobs(256, 3, 4, 32)}, 32, 1);
   auto accuracy_in = [&](bool bf16) {
     torch::manual_seed(0);
-    Learner learn(TwoLayer(), dls, cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
+    Learner learn(HolderCallingNet(), dls, cross_entropy(), LearnerOptions().progress(false).metrics({accuracy()}));
     if (bf16) learn.to_bf16();
     learn.fit_one_cycle(3, 1e-2);
     if (bf16) EXPECT_TRUE(learn.precision_cb()->emulated());

@@ -21,7 +21,7 @@ using test::run_cli;
 /// The models and data files tests/python/export_models.py writes, exported once per process.
 const std::string& exported() { return test::exported_by("export_models.py"); }
 
-std::string file(const std::string& name) { return exported() + "/" + name; }
+std::string exported_file(const std::string& name) { return exported() + "/" + name; }
 
 /// The number on a "key value" line of the CLI's or a script's output.
 double number_after(const std::string& text, const std::string& key) {
@@ -37,7 +37,7 @@ double accuracy_of(const torch::Tensor& logits, const torch::Tensor& y) {
 class ScriptedModelTest : public test::SeededTest {};
 
 TEST_F(ScriptedModelTest, ParametersAndBuffersHaveTheirPythonPathsAndAreTheScriptsOwn) {
-  Model model = load_scripted_model(file("traced_conv.pt"));
+  Model model = load_scripted_model(exported_file("traced_conv.pt"));
   EXPECT_TRUE(is_scripted(model));
   std::vector<std::string> names;
   for (const auto& p : model.module().named_parameters()) names.push_back(p.key());
@@ -50,7 +50,7 @@ TEST_F(ScriptedModelTest, ParametersAndBuffersHaveTheirPythonPathsAndAreTheScrip
   EXPECT_EQ(norms, 2);
   // train() and eval() reach the script: the running statistics move in train mode only.
   // (A scripted model: torch.jit.trace bakes in the mode it was traced in.)
-  model = load_scripted_model(file("scripted_conv.pt"));
+  model = load_scripted_model(exported_file("scripted_conv.pt"));
   const torch::Tensor x = torch::randn({8, 1, 12, 12}) * 3 + 1;
   const torch::Tensor before = model.module().named_buffers()["features.1.running_mean"].clone();
   model.module().eval();
@@ -62,22 +62,22 @@ TEST_F(ScriptedModelTest, ParametersAndBuffersHaveTheirPythonPathsAndAreTheScrip
 }
 
 TEST_F(ScriptedModelTest, ATracedModelTrainsAndItsCheckpointRestoresIntoAFreshLoad) {
-  const data::DatasetSplit split = data::load_tensor_file(file("stripes_data.pt"), 42);
-  Learner learn(load_scripted_model(file("traced_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+  const data::DatasetSplit split = data::load_tensor_file(exported_file("stripes_data.pt"), 42);
+  Learner learn(load_scripted_model(exported_file("traced_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
                 cross_entropy(), LearnerOptions().metrics({accuracy()}).progress(false));
   learn.fit_one_cycle(2, 1e-2);
   EXPECT_GT(learn.recorder().values().back().metrics[0], 0.9);
   const std::string ckpt = test::scratch_dir("scripted_ckpt") + "/c.pt";
   learn.save(ckpt);
-  Learner fresh(load_scripted_model(file("traced_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+  Learner fresh(load_scripted_model(exported_file("traced_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
                 cross_entropy(), LearnerOptions().metrics({accuracy()}).progress(false));
   fresh.load(ckpt);
   test::expect_bitwise_equal(learn.model().state_tensors(), fresh.model().state_tensors());
 }
 
 TEST_F(ScriptedModelTest, MasterWeightsKeepAScriptedBatchNormInFp32) {
-  const data::DatasetSplit split = data::load_tensor_file(file("stripes_data.pt"), 42);
-  Learner learn(load_scripted_model(file("scripted_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+  const data::DatasetSplit split = data::load_tensor_file(exported_file("stripes_data.pt"), 42);
+  Learner learn(load_scripted_model(exported_file("scripted_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
                 cross_entropy(), LearnerOptions().progress(false));
   learn.set_precision(Precision::kBf16Master);
   learn.fit(1, 1e-3);
@@ -90,8 +90,8 @@ TEST_F(ScriptedModelTest, MasterWeightsKeepAScriptedBatchNormInFp32) {
 TEST_F(ScriptedModelTest, AnExportedModelFineTunesWithItsFeaturesFrozen) {
   // The fine-tuning path: a PyTorch model split at its Python attribute names,
   // the feature extractor frozen while the classifier trains, then everything.
-  const data::DatasetSplit split = data::load_tensor_file(file("stripes_data.pt"), 42);
-  Learner learn(load_scripted_model(file("scripted_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
+  const data::DatasetSplit split = data::load_tensor_file(exported_file("stripes_data.pt"), 42);
+  Learner learn(load_scripted_model(exported_file("scripted_conv.pt")), data::DataLoaders::from_split(split, 32, 0),
                 cross_entropy(),
                 LearnerOptions().progress(false).metrics({accuracy()}).splitter(split_at({"classifier"})).train_bn(false));
   ASSERT_EQ(learn.n_groups(), 2);
@@ -181,7 +181,7 @@ TEST_F(ScriptedModelTest, ANativeModuleThatComputesItsLossTrainsOnIt) {
 }
 
 TEST_F(ScriptedModelTest, ScriptedInputCountIsCheckedWithTheArgumentNames) {
-  Model model = load_scripted_model(file("two_inputs.pt"));
+  Model model = load_scripted_model(exported_file("two_inputs.pt"));
   EXPECT_THROW_WITH(model.forward(torch::randn({2, 20})), "forward takes 2 inputs (x, mask) but the data has 1");
   EXPECT_EQ(model.forward({torch::randn({2, 20}), torch::ones({2, 20})}).sizes(), (std::vector<int64_t>{2, 3}));
 }
@@ -204,16 +204,16 @@ TEST(LossTest, SequenceCrossEntropyIsTheFlattenedOne) {
 }
 
 TEST(TensorFileTest, WithoutValidationDataASeededFifthIsKeptAside) {
-  const data::DatasetSplit a = data::load_tensor_file(file("stripes_data.pt"), 7);
-  const data::DatasetSplit b = data::load_tensor_file(file("stripes_data.pt"), 7);
-  const data::DatasetSplit c = data::load_tensor_file(file("stripes_data.pt"), 8);
+  const data::DatasetSplit a = data::load_tensor_file(exported_file("stripes_data.pt"), 7);
+  const data::DatasetSplit b = data::load_tensor_file(exported_file("stripes_data.pt"), 7);
+  const data::DatasetSplit c = data::load_tensor_file(exported_file("stripes_data.pt"), 8);
   EXPECT_EQ(a.train.size(), 615);  // 768 - floor(0.2 * 768)
   EXPECT_EQ(a.valid.size(), 153);
   EXPECT_TRUE(torch::equal(a.valid.x, b.valid.x));
   EXPECT_FALSE(torch::equal(a.valid.x, c.valid.x));
   // Disjoint: every sample is in exactly one of the two.
   const torch::Tensor all = torch::cat({a.train.x, a.valid.x}).flatten(1).sum(1);
-  const data::DatasetSplit whole = data::load_tensor_file(file("two_inputs_data.pt"), 7);
+  const data::DatasetSplit whole = data::load_tensor_file(exported_file("two_inputs_data.pt"), 7);
   EXPECT_EQ(whole.train.extra_x.size(), 1u);  // [x, mask]
   EXPECT_EQ(whole.valid.size(), 256);         // its own valid_x / valid_y
   EXPECT_EQ(all.size(0), 768);
@@ -221,11 +221,11 @@ TEST(TensorFileTest, WithoutValidationDataASeededFifthIsKeptAside) {
 }
 
 TEST(TensorFileTest, BadFilesAreOneLineErrors) {
-  EXPECT_THROW_WITH(data::load_tensor_file(file("short_y.pt")), "x has 768 samples but y has 100");
-  EXPECT_THROW_WITH(data::load_tensor_file(file("y_not_tensor.pt")), "'y' is a list, not a tensor");
-  EXPECT_THROW_WITH(data::load_tensor_file(file("no_y.pt")), "has no 'y' (it needs 'x' and 'y'");
-  EXPECT_THROW_WITH(data::load_tensor_file(file("traced_conv.pt")), "is not a file written by torch.save");
-  EXPECT_THROW_WITH(data::load_tensor_file(file("nothere.pt")), "Cannot open data file");
+  EXPECT_THROW_WITH(data::load_tensor_file(exported_file("short_y.pt")), "x has 768 samples but y has 100");
+  EXPECT_THROW_WITH(data::load_tensor_file(exported_file("y_not_tensor.pt")), "'y' is a list, not a tensor");
+  EXPECT_THROW_WITH(data::load_tensor_file(exported_file("no_y.pt")), "has no 'y' (it needs 'x' and 'y'");
+  EXPECT_THROW_WITH(data::load_tensor_file(exported_file("traced_conv.pt")), "is not a file written by torch.save");
+  EXPECT_THROW_WITH(data::load_tensor_file(exported_file("nothere.pt")), "Cannot open data file");
 }
 
 TEST(ModelFileTest, ABuiltInModelRoundTripsAndPredicts) {
@@ -240,7 +240,7 @@ TEST(ModelFileTest, ABuiltInModelRoundTripsAndPredicts) {
   EXPECT_TRUE(torch::equal(predict(cnn, {x}, 4), predict(loaded, {x}, 4)));
   EXPECT_TRUE(torch::allclose(predict(cnn, {x}, 3), predict(loaded, {x}, 10), 1e-5, 1e-6));
   EXPECT_THROW_WITH(save_model(cnn, path), "needs its built-in name");
-  EXPECT_THROW_WITH(load_model(file("state_dict.pt")), "is not a TorchScript file");
+  EXPECT_THROW_WITH(load_model(exported_file("state_dict.pt")), "is not a TorchScript file");
 }
 
 TEST(BuiltinModelsTest, TheTransformerIsCausalAndTheResnetClassifies) {
@@ -281,17 +281,17 @@ TEST(TextCorpusTest, SamplesAreTheTextAndItsNextCharacters) {
 
 TEST(ScriptedCliTest, TwoInputsTrainInEmulatedFp16AndPythonReadsTheSameAccuracy) {
   const std::string out = test::scratch_dir("byo_two_inputs");
-  const auto r = run_cli("train --model " + file("two_inputs.pt") + " --data " + file("two_inputs_data.pt") +
+  const auto r = run_cli("train --model " + exported_file("two_inputs.pt") + " --data " + exported_file("two_inputs_data.pt") +
                          " --precision fp16 --epochs 3 --bs 64 --lr 1e-2 --threads 1 --force --out " + out);
   ASSERT_EQ(r.code, 0) << r.err;
   const double trained = number_after(r.out, "valid accuracy ");
   EXPECT_GT(trained, 0.7);
   // Python's torch.jit.load reads OUT/model.pt; it and mixtrain's predict agree exactly (both fp32).
   const std::string cmd = std::string(MIXTRAIN_PYTHON " ") + MIXTRAIN_SOURCE_DIR + "/tests/python/eval_model.py " +
-                          out + "/model.pt " + file("two_inputs_data.pt") + " > " + out + "/py.txt 2>&1";
+                          out + "/model.pt " + exported_file("two_inputs_data.pt") + " > " + out + "/py.txt 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << test::slurp(out + "/py.txt");
   const double python = number_after(test::slurp(out + "/py.txt"), "accuracy ");
-  const data::DatasetSplit split = data::load_tensor_file(file("two_inputs_data.pt"));
+  const data::DatasetSplit split = data::load_tensor_file(exported_file("two_inputs_data.pt"));
   const double cpp = accuracy_of(predict(load_model(out + "/model.pt"), {split.valid.x, split.valid.extra_x.at(0)}), split.valid.y);
   EXPECT_NEAR(python, cpp, 1e-6);  // the script prints six decimals
   // Training validated in emulated fp16; fp32 inference may flip a borderline sample or two of 256.
@@ -320,7 +320,7 @@ TEST(ScriptedCliTest, RealCpuBf16TrainsAndValidatesTorchvisionsViT) {
 // on any CPU (only slower without the units).
 TEST(ScriptedCliTest, AModelRealCpuBf16CannotRunFallsBackToTheEmulationOnce) {
   const std::string real = "MIXTRAIN_CPU_BF16=1 ";
-  const std::string args = "train --model " + file("scatter_sum.pt") + " --data " + file("blobs_split.pt") +
+  const std::string args = "train --model " + exported_file("scatter_sum.pt") + " --data " + exported_file("blobs_split.pt") +
                            " --precision bf16 --epochs 2 --bs 64 --threads 1 --force --out ";
   const std::string fallback_out = test::scratch_dir("byo_scatter_fallback");
   const auto fell_back = run_cli(args + fallback_out, real);
@@ -340,7 +340,7 @@ TEST(ScriptedCliTest, AModelRealCpuBf16CannotRunFallsBackToTheEmulationOnce) {
 // until the next validation, and steps.csv differed from there).
 TEST(ScriptedCliTest, AResumeAfterTheFallbackGoesOnEmulated) {
   const std::string real = "MIXTRAIN_CPU_BF16=1 ";
-  const std::string args = "train --model " + file("scatter_in_eval.pt") + " --data " + file("blobs_split.pt") +
+  const std::string args = "train --model " + exported_file("scatter_in_eval.pt") + " --data " + exported_file("blobs_split.pt") +
                            " --precision bf16 --epochs 3 --bs 64 --threads 1 --force --out ";
   const std::string whole_out = test::scratch_dir("scatter_eval_whole"), cut_out = test::scratch_dir("scatter_eval_cut");
   const auto whole = run_cli(args + whole_out, real);
@@ -362,19 +362,19 @@ nlohmann::json doctor(const std::string& model, const std::string& data, const s
 }
 
 TEST(ScriptedCliTest, TheDoctorLocatesAScriptedAttentionOverflowAndPassesAHealthyConvNet) {
-  const auto overflow = doctor(file("attention_overflow.pt"), file("sequences_data.pt"), "byo_doctor_overflow");
+  const auto overflow = doctor(exported_file("attention_overflow.pt"), exported_file("sequences_data.pt"), "byo_doctor_overflow");
   EXPECT_EQ(overflow["verdict"], "forward_overflow") << overflow.dump(1);
   const std::string where = overflow.dump();
   // The score matmul uses no parameter: the module boundary names it.
   EXPECT_NE(where.find("aten::matmul in attn"), std::string::npos) << where;
-  const auto healthy = doctor(file("scripted_conv.pt"), file("stripes_data.pt"), "byo_doctor_healthy");
+  const auto healthy = doctor(exported_file("scripted_conv.pt"), exported_file("stripes_data.pt"), "byo_doctor_healthy");
   EXPECT_EQ(healthy["verdict"], "healthy") << healthy.dump(1);
 }
 
 // The attention classifier's logits overflow fp16 at step 0 while fp32 learns (slowly):
 // forward_overflow, never "fp16 is not the cause", whatever the initial weights.
 TEST(ScriptedCliTest, TheDoctorLocatesAnLstmOverflowAndProvesItsIsland) {
-  const auto d = doctor(file("embedding_lstm_overflow.pt"), file("tokens_data.pt"), "byo_doctor_lstm");
+  const auto d = doctor(exported_file("embedding_lstm_overflow.pt"), exported_file("tokens_data.pt"), "byo_doctor_lstm");
   EXPECT_EQ(d["verdict"], "forward_overflow") << d.dump(1);
   EXPECT_NE(d["headline"].get<std::string>().find("at rnn (aten::lstm)"), std::string::npos) << d.dump(1);
   ASSERT_FALSE(d["trials"].empty()) << d.dump(1);
@@ -385,7 +385,7 @@ TEST(ScriptedCliTest, TheDoctorLocatesAnLstmOverflowAndProvesItsIsland) {
 TEST(ScriptedCliTest, AttentionOverflowIsForwardOverflowForEveryInitialWeights) {
   for (const std::string seed : {"", "_seed1", "_seed2", "_seed3", "_seed4"}) {
     SCOPED_TRACE(seed);
-    const auto d = doctor(file("attention_overflow" + seed + ".pt"), file("sequences_data.pt"), "byo_attention" + seed);
+    const auto d = doctor(exported_file("attention_overflow" + seed + ".pt"), exported_file("sequences_data.pt"), "byo_attention" + seed);
     EXPECT_EQ(d["verdict"], "forward_overflow") << d.dump(1);
     EXPECT_NE(d.dump().find("--keep-fp32 attn"), std::string::npos) << d["fixes"].dump(1);
   }
@@ -394,9 +394,9 @@ TEST(ScriptedCliTest, AttentionOverflowIsForwardOverflowForEveryInitialWeights) 
 // A ViT-like model whose patch embedding overflows fp16 on normalized inputs: the
 // doctor names conv_proj and suggests keeping it in fp32, which trains as fp32 does.
 TEST(ScriptedCliTest, KeepingAnOverflowingPatchEmbeddingInFp32TrainsLikeFp32) {
-  const std::string flags = " --model " + file("vit_patch_overflow.pt") + " --data " + file("stripes_data.pt") +
+  const std::string flags = " --model " + exported_file("vit_patch_overflow.pt") + " --data " + exported_file("stripes_data.pt") +
                             " --bs 32 --epochs 3 --threads 1";
-  const auto d = doctor(file("vit_patch_overflow.pt"), file("stripes_data.pt"), "byo_vit_doctor");
+  const auto d = doctor(exported_file("vit_patch_overflow.pt"), exported_file("stripes_data.pt"), "byo_vit_doctor");
   EXPECT_EQ(d["verdict"], "forward_overflow") << d.dump(1);
   EXPECT_EQ(d["evidence"]["first_overflow"]["where"], "conv_proj (aten::conv2d)") << d.dump(1);
   EXPECT_EQ(d["evidence"]["inputs"]["unnormalized"], false);
@@ -411,7 +411,7 @@ TEST(ScriptedCliTest, KeepingAnOverflowingPatchEmbeddingInFp32TrainsLikeFp32) {
   EXPECT_TRUE(d["trials"][0]["finite"].get<bool>());
   EXPECT_LE(d["trials"].size(), 4u);
   const std::string none = test::scratch_dir("byo_vit_no_trials");
-  const auto quick = run_cli("doctor --model " + file("vit_patch_overflow.pt") + " --data " + file("stripes_data.pt") +
+  const auto quick = run_cli("doctor --model " + exported_file("vit_patch_overflow.pt") + " --data " + exported_file("stripes_data.pt") +
                              " --bs 32 --threads 1 --no-trials --out " + none);
   EXPECT_EQ(quick.code, 1) << quick.err;
   const auto q = nlohmann::json::parse(test::slurp(none + "/diagnosis.json"));
@@ -439,17 +439,17 @@ TEST(ScriptedCliTest, KeepingAnOverflowingPatchEmbeddingInFp32TrainsLikeFp32) {
 
 // Islands that name nothing are one-line errors, before anything trains or is written.
 TEST(ScriptedCliTest, BadIslandsAreOneLineErrors) {
-  const std::string base = "train --model " + file("vit_patch_overflow.pt") + " --data " + file("stripes_data.pt") +
+  const std::string base = "train --model " + exported_file("vit_patch_overflow.pt") + " --data " + exported_file("stripes_data.pt") +
                            " --bs 32 --threads 1 --precision fp16 --out " + test::scratch_dir("byo_bad_islands");
   expect_usage_error(base + " --keep-fp32 conv_prj", "--keep-fp32 conv_prj matches no module of the model (closest: conv_proj");
   expect_usage_error(base + " --keep-fp32 ''", "an empty module name in --keep-fp32 ''");
   expect_usage_error(base + " --keep-fp32 conv_proj,", "an empty module name");
   expect_usage_error(base + " --keep-fp32 '*'", "matches every module of the model");
-  expect_usage_error("doctor --model " + file("vit_patch_overflow.pt") + " --data " + file("stripes_data.pt") +
+  expect_usage_error("doctor --model " + exported_file("vit_patch_overflow.pt") + " --data " + exported_file("stripes_data.pt") +
                          " --bs 32 --threads 1 --keep-fp32 layers.9 --out " + test::scratch_dir("byo_bad_islands_doctor"),
                      "--keep-fp32 layers.9 matches no module of the model");
   EXPECT_FALSE(std::filesystem::exists(test::scratch_dir("byo_bad_islands") + "/args.json"));
-  const auto warned = run_cli("train --model " + file("vit_patch_overflow.pt") + " --data " + file("stripes_data.pt") +
+  const auto warned = run_cli("train --model " + exported_file("vit_patch_overflow.pt") + " --data " + exported_file("stripes_data.pt") +
                               " --bs 32 --threads 1 --keep-fp32 conv_proj --out " + test::scratch_dir("byo_fp32_islands"));
   EXPECT_EQ(warned.code, 0) << warned.err;
   EXPECT_NE(warned.err.find("mixtrain: warning: --keep-fp32 does nothing with --precision fp32 (the whole model is fp32)"),
@@ -460,7 +460,7 @@ TEST(ScriptedCliTest, BadIslandsAreOneLineErrors) {
 // chosen from it, in emulated fp16; --output picks another part; data saved in half is
 // read as fp32; the doctor judges a dict-output model.
 TEST(ScriptedCliTest, StructuredOutputsTrainOnTheChosenPrediction) {
-  const std::string data = " --data " + file("blobs_data.pt") + " --bs 32 --epochs 2 --threads 1 --precision fp16";
+  const std::string data = " --data " + exported_file("blobs_data.pt") + " --bs 32 --epochs 2 --threads 1 --precision fp16";
   const std::vector<std::pair<std::string, std::string>> models = {
       {"namedtuple_out.pt", "training on element 0 ('logits')"},
       {"dict_out.pt", "training on its 'logits'"},
@@ -468,22 +468,22 @@ TEST(ScriptedCliTest, StructuredOutputsTrainOnTheChosenPrediction) {
   for (const auto& [model, notice] : models) {
     SCOPED_TRACE(model);
     const std::string out = test::scratch_dir("byo_structured_" + model);
-    const auto r = run_cli("train --model " + file(model) + data + " --out " + out);
+    const auto r = run_cli("train --model " + exported_file(model) + data + " --out " + out);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_NE(r.err.find(notice), std::string::npos) << r.err;
     EXPECT_GT(number_after(r.out, "valid accuracy "), 0.5) << r.out;  // chance is 1/3
   }
   const std::string out = " --out " + test::scratch_dir("byo_structured_bad");
-  expect_usage_error("train --model " + file("dict_out.pt") + data + " --output hidden2" + out,
+  expect_usage_error("train --model " + exported_file("dict_out.pt") + data + " --output hidden2" + out,
                      "--output hidden2 does not fit: the model returns a dict with keys hidden, logits");
-  expect_usage_error("train --model " + file("namedtuple_out.pt") + data + " --output 5" + out,
+  expect_usage_error("train --model " + exported_file("namedtuple_out.pt") + data + " --output 5" + out,
                      "--output 5 does not fit: the model returns a namedtuple of 2 (logits: Tensor, aux: Tensor)");
-  const auto aux = run_cli("train --model " + file("namedtuple_out.pt") + " --data " + file("blobs_half_data.pt") +
+  const auto aux = run_cli("train --model " + exported_file("namedtuple_out.pt") + " --data " + exported_file("blobs_half_data.pt") +
                            " --bs 32 --threads 1 --output aux --out " + test::scratch_dir("byo_structured_half"));
   ASSERT_EQ(aux.code, 0) << aux.err;
   EXPECT_NE(aux.err.find("'x' is stored in Half; it is read as fp32"), std::string::npos) << aux.err;
   EXPECT_NE(aux.err.find("training on element 1 ('aux')"), std::string::npos) << aux.err;
-  const auto healthy = doctor(file("dict_out.pt"), file("blobs_data.pt"), "byo_structured_doctor");
+  const auto healthy = doctor(exported_file("dict_out.pt"), exported_file("blobs_data.pt"), "byo_structured_doctor");
   EXPECT_EQ(healthy["verdict"], "healthy") << healthy.dump(1);
 }
 
@@ -501,7 +501,7 @@ double plain_pytorch_accuracy(const std::string& model, const std::string& data,
 // labels (a Hugging Face dict and its (loss, logits) tuple), trained in emulated fp16,
 // reach the accuracy a plain fp32 PyTorch loop reaches with the same model and data.
 TEST(ScriptedCliTest, StructuredOutputsAndOwnLossesTrainInFp16AsAPlainPyTorchLoopDoes) {
-  const std::string data = file("blobs_split.pt");
+  const std::string data = exported_file("blobs_split.pt");
   const std::vector<std::pair<std::string, std::string>> models = {{"namedtuple_out.pt", "cross_entropy"},
                                                                    {"dict_out_plain.pt", "cross_entropy"},
                                                                    {"tuple_lengths_out.pt", "cross_entropy"},
@@ -510,10 +510,10 @@ TEST(ScriptedCliTest, StructuredOutputsAndOwnLossesTrainInFp16AsAPlainPyTorchLoo
   for (const auto& [model, loss] : models) {
     SCOPED_TRACE(model);
     const std::string out = test::scratch_dir("byo_plain_" + model);
-    const auto r = run_cli("train --model " + file(model) + " --data " + data + " --loss " + loss +
+    const auto r = run_cli("train --model " + exported_file(model) + " --data " + data + " --loss " + loss +
                            " --precision fp16 --epochs 3 --bs 32 --lr 1e-2 --threads 1 --out " + out);
     ASSERT_EQ(r.code, 0) << r.err;
-    const double python = plain_pytorch_accuracy(file(model), data, loss, "byo_plain_py_" + model);
+    const double python = plain_pytorch_accuracy(exported_file(model), data, loss, "byo_plain_py_" + model);
     EXPECT_GT(python, 0.85);  // the blobs are nearly separable; chance is 1/3
     // Different shuffles and fp16 vs fp32: a few of 256 validation samples apart, never more.
     EXPECT_NEAR(number_after(r.out, "valid accuracy "), python, 0.04) << r.out;
@@ -525,23 +525,23 @@ TEST(ScriptedCliTest, StructuredOutputsAndOwnLossesTrainInFp16AsAPlainPyTorchLoo
 // scalar first element, a bare scalar (no prediction, so no metric); it resumes
 // bitwise, and the trained model.pt still returns what it returned.
 TEST(ScriptedCliTest, AModelsOwnLossIsFoundInEachShapeAndResumesBitwise) {
-  const std::string base = " --data " + file("blobs_split.pt") + " --loss model --precision fp16 --bs 32 --lr 1e-2 --threads 1";
-  const auto dict = run_cli("train --model " + file("hf_dict_loss.pt") + base + " --out " + test::scratch_dir("own_loss_dict"));
+  const std::string base = " --data " + exported_file("blobs_split.pt") + " --loss model --precision fp16 --bs 32 --lr 1e-2 --threads 1";
+  const auto dict = run_cli("train --model " + exported_file("hf_dict_loss.pt") + base + " --out " + test::scratch_dir("own_loss_dict"));
   ASSERT_EQ(dict.code, 0) << dict.err;
   EXPECT_NE(dict.err.find("the model returns a dict with keys logits, loss; its 'loss' is the loss, training on its 'logits'"),
             std::string::npos) << dict.err;
-  const auto tuple = run_cli("train --model " + file("hf_tuple_loss.pt") + base + " --out " + test::scratch_dir("own_loss_tuple"));
+  const auto tuple = run_cli("train --model " + exported_file("hf_tuple_loss.pt") + base + " --out " + test::scratch_dir("own_loss_tuple"));
   ASSERT_EQ(tuple.code, 0) << tuple.err;
   EXPECT_NE(tuple.err.find("element 0 is the loss, training on element 1"), std::string::npos) << tuple.err;
   const std::string bare = test::scratch_dir("own_loss_bare");
-  const auto scalar = run_cli("train --model " + file("loss_only.pt") + base + " --epochs 2 --out " + bare);
+  const auto scalar = run_cli("train --model " + exported_file("loss_only.pt") + base + " --epochs 2 --out " + bare);
   ASSERT_EQ(scalar.code, 0) << scalar.err;
   EXPECT_EQ(scalar.out.find("accuracy"), std::string::npos) << scalar.out;  // a loss is no prediction
   const auto epochs = test::read_json(bare + "/summary.json");
   EXPECT_LT(epochs.at("valid_loss").get<double>(), 0.7) << scalar.out;  // ln 3 = 1.10 at chance
 
   // Interrupted after step 30 and resumed: the same weights as the uninterrupted run.
-  const std::string flags = " --model " + file("hf_dict_loss.pt") + base + " --epochs 2 --save-every 1";
+  const std::string flags = " --model " + exported_file("hf_dict_loss.pt") + base + " --epochs 2 --save-every 1";
   const std::string full = test::scratch_dir("own_loss_full"), cut = test::scratch_dir("own_loss_cut");
   ASSERT_EQ(run_cli("train" + flags + " --out " + full).code, 0);
   EXPECT_EQ(run_cli("train" + flags + " --out " + cut + " --interrupt-at-step 30").code, 130);
@@ -549,7 +549,7 @@ TEST(ScriptedCliTest, AModelsOwnLossIsFoundInEachShapeAndResumesBitwise) {
   EXPECT_EQ(test::slurp(full + "/model.pt"), test::slurp(cut + "/model.pt"));
   // model.pt is the TorchScript model as it was: given labels, its forward returns the loss too.
   Model trained = load_model(full + "/model.pt");
-  const data::DatasetSplit split = data::load_tensor_file(file("blobs_split.pt"));
+  const data::DatasetSplit split = data::load_tensor_file(exported_file("blobs_split.pt"));
   const double accuracy = accuracy_of(predict(trained, {split.valid.x}), split.valid.y);
   EXPECT_NEAR(accuracy, test::read_json(full + "/summary.json").at("valid_accuracy").get<double>(), 3.0 / 256);
 }
@@ -557,23 +557,23 @@ TEST(ScriptedCliTest, AModelsOwnLossIsFoundInEachShapeAndResumesBitwise) {
 // The doctor reaches into a dict output: an overflowing projection is named (op and
 // module) and its fp32 island proven; a model that computes its loss is healthy.
 TEST(ScriptedCliTest, TheDoctorNamesAnOverflowInsideADictModelAndJudgesOwnLosses) {
-  const auto overflow = doctor(file("dict_overflow.pt"), file("blobs_split.pt"), "byo_dict_overflow");
+  const auto overflow = doctor(exported_file("dict_overflow.pt"), exported_file("blobs_split.pt"), "byo_dict_overflow");
   EXPECT_EQ(overflow["verdict"], "forward_overflow") << overflow.dump(1);
   EXPECT_EQ(overflow["evidence"]["first_overflow"]["where"], "proj (aten::linear)") << overflow.dump(1);
   ASSERT_FALSE(overflow["proven_fix"].is_null()) << overflow.dump(1);
   EXPECT_EQ(overflow["proven_fix"]["flags"], "--keep-fp32 proj");
   const std::string out = test::scratch_dir("byo_own_loss_doctor");
-  const auto r = run_cli("doctor --model " + file("hf_dict_loss.pt") + " --data " + file("blobs_split.pt") +
+  const auto r = run_cli("doctor --model " + exported_file("hf_dict_loss.pt") + " --data " + exported_file("blobs_split.pt") +
                          " --loss model --bs 32 --lr 1e-2 --threads 1 --out " + out);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(test::read_json(out + "/diagnosis.json")["verdict"], "healthy") << r.out;
 }
 
 TEST(ScriptedCliTest, AModelLossThatDoesNotFitIsAOneLineError) {
-  const std::string more = " --data " + file("blobs_split.pt") + " --loss model --threads 1 --out " + test::scratch_dir("own_loss_bad");
-  expect_usage_error("train --model " + file("labels_no_loss.pt") + more,
+  const std::string more = " --data " + exported_file("blobs_split.pt") + " --loss model --threads 1 --out " + test::scratch_dir("own_loss_bad");
+  expect_usage_error("train --model " + exported_file("labels_no_loss.pt") + more,
                      "--loss model does not fit: the model returns a dict with keys logits, with no loss");
-  expect_usage_error("train --model " + file("dict_out_plain.pt") + more,
+  expect_usage_error("train --model " + exported_file("dict_out_plain.pt") + more,
                      "--loss model passes the targets as the model's last input, but its forward takes only (x)");
   expect_usage_error("doctor --model mlp --loss model --threads 1 --out " + test::scratch_dir("own_loss_builtin"),
                      "--loss model is for a TorchScript model that computes its loss; the built-in mlp does not");
@@ -582,7 +582,7 @@ TEST(ScriptedCliTest, AModelLossThatDoesNotFitIsAOneLineError) {
 TEST(ScriptedCliTest, BadModelsAndDataAreOneLineErrors) {
   const std::string out = " --bs 16 --threads 1 --force --out " + test::scratch_dir("byo_bad");
   const auto train = [&](const std::string& model, const std::string& data, const std::string& more = "") {
-    return "train --model " + file(model) + " --data " + file(data) + more + out;
+    return "train --model " + exported_file(model) + " --data " + exported_file(data) + more + out;
   };
   expect_usage_error(train("state_dict.pt", "stripes_data.pt"), "state_dict.pt is not a TorchScript file");
   expect_usage_error(train("scripted_conv.pt", "no_y.pt"), "has no 'y' (it needs 'x' and 'y'");

@@ -9,7 +9,7 @@ namespace {
 using namespace mixtrain;
 namespace nn = torch::nn;
 
-data::DataLoaders loaders(double input_scale = 1.0) {
+data::DataLoaders nan_stop_loaders(double input_scale = 1.0) {
   auto train = test::blobs(128, 3, 4, 51), valid = test::blobs(32, 3, 4, 52);
   train.x = train.x * input_scale;
   valid.x = valid.x * input_scale;
@@ -20,7 +20,7 @@ class TerminateOnNaNTest : public test::SeededTest {};
 
 TEST_F(TerminateOnNaNTest, Fp32StopsAtTheFirstBadLossAndKeepsTheLastGoodState) {
   const std::string dir = test::scratch_dir("nan_fp32");
-  Learner learn(nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false).opt_func(sgd(0.0)));
+  Learner learn(nn::Linear(4, 3), nan_stop_loaders(), cross_entropy(), LearnerOptions().progress(false).opt_func(sgd(0.0)));
   auto ckpt = std::make_shared<callbacks::Checkpointer>(callbacks::CheckpointerOptions(dir));
   auto stop = std::make_shared<callbacks::TerminateOnNaN>(10, ckpt);
   // Poison the weights after step 2: the next forward pass gives a NaN loss.
@@ -73,7 +73,7 @@ TEST_F(TerminateOnNaNTest, WithLossScalingOnlyARunOfBadStepsStops) {
     torch::NoGradGuard g;
     big->weight.fill_(1e4);
   }
-  Learner learn(big, loaders(100.0), cross_entropy(), LearnerOptions().progress(false));
+  Learner learn(big, nan_stop_loaders(100.0), cross_entropy(), LearnerOptions().progress(false));
   learn.to_fp16();
   auto stop = std::make_shared<callbacks::TerminateOnNaN>(3);
   learn.add_cb(stop);
@@ -88,7 +88,7 @@ TEST_F(TerminateOnNaNTest, WithLossScalingOnlyARunOfBadStepsStops) {
   EXPECT_TRUE(torch::equal(big->weight, before));
 
   // A healthy fp32 run never triggers it.
-  Learner plain(nn::Linear(4, 3), loaders(), cross_entropy(), LearnerOptions().progress(false));
+  Learner plain(nn::Linear(4, 3), nan_stop_loaders(), cross_entropy(), LearnerOptions().progress(false));
   auto quiet = std::make_shared<callbacks::TerminateOnNaN>(3);
   plain.add_cb(quiet);
   plain.fit(1, 1e-2);
