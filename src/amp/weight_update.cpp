@@ -61,20 +61,28 @@ uint64_t splitmix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// The roundings themselves, inlined into the update pass: the public functions below are
+// exported from a -fPIC library, so the compiler may not inline them (another definition
+// could interpose) and a call per element kept the pass scalar, 9x a plain rounding pass.
+inline float bf16_nearest(float x) {
+  const uint32_t b = bits_of(x);
+  const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  return float_of(is_nan_bits(b) ? 0x7fc00000u : rounded);  // NaN: torch's canonical bf16 NaN
+}
+
+inline float bf16_stochastic(float x, uint32_t r) {
+  const uint32_t b = bits_of(x);
+  // Adding r below the kept bits carries into them with probability (low bits) / 2^16;
+  // inf and NaN are rounded to nearest, which keeps them what they are.
+  const uint32_t carried = (b + (r & 0xffffu)) & 0xffff0000u;
+  return (b & 0x7f800000u) == 0x7f800000u ? bf16_nearest(x) : float_of(carried);
+}
+
 } // namespace
 
-float round_bf16_nearest(float x) {
-  const uint32_t b = bits_of(x);
-  if (is_nan_bits(b)) return float_of(0x7fc00000u);  // torch's canonical bf16 NaN
-  return float_of((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
-}
+float round_bf16_nearest(float x) { return bf16_nearest(x); }
 
-float round_bf16_stochastic(float x, uint32_t r) {
-  const uint32_t b = bits_of(x);
-  if ((b & 0x7f800000u) == 0x7f800000u) return round_bf16_nearest(x);  // inf and NaN stay what they are
-  // Adding r below the kept bits carries into them with probability (low bits) / 2^16.
-  return float_of((b + (r & 0xffffu)) & 0xffff0000u);
-}
+float round_bf16_stochastic(float x, uint32_t r) { return bf16_stochastic(x, r); }
 
 namespace {
 /// The key of one (seed, stream): computed once per tensor and step.
@@ -91,49 +99,77 @@ uint32_t stochastic_bits(uint64_t seed, uint64_t stream, uint64_t index) {
 
 namespace {
 
-// One rule's pass over [lo, hi): the rule is a template argument so that the loop
-// has no branch on it, and the counts and sums are branch-free, which lets the
-// compiler vectorize the nearest and Kahan passes. Sums run in float within a
-// chunk (at most 32768 terms) and in double across chunks.
+// One element of a rule's pass: the rounded weight goes to w[i], what it counts to lane j.
+// Branch-free (the NaN case of nearest rounding is a select), so the lane loop below
+// vectorizes.
+struct Lanes {
+  static constexpr int kWidth = 8;
+  int32_t intended[kWidth] = {}, lost[kWidth] = {};
+  float intended_sq[kWidth] = {}, lost_sq[kWidth] = {};
+};
+
+template <WeightUpdate kRule>
+inline __attribute__((always_inline)) void round_one(float* w, const float* before, float* comp, int64_t i, uint32_t r,
+                                                     Lanes& l, int j) {
+  const float old = before[i], fresh = w[i];
+  const float u = fresh - old;  // the optimizer's update, as fp32 computed it
+  float out, dropped;
+  if constexpr (kRule == WeightUpdate::kNearest) {
+    out = bf16_nearest(fresh);
+    dropped = fresh - out;
+  } else if constexpr (kRule == WeightUpdate::kStochastic) {
+    out = bf16_stochastic(fresh, r);
+    dropped = fresh - out;
+  } else {
+    const float target = old + (u + comp[i]);  // the update plus what earlier roundings dropped
+    out = bf16_nearest(target);
+    const float rest = target - out;  // exact: out is target's nearest neighbour
+    comp[i] = bf16_nearest(rest);
+    dropped = rest - comp[i];
+  }
+  w[i] = out;
+  const int32_t moved_meant = u != 0;
+  l.intended[j] += moved_meant;
+  l.lost[j] += moved_meant & static_cast<int32_t>(out == old);
+  l.intended_sq[j] += u * u;
+  l.lost_sq[j] += dropped * dropped;
+}
+
+// One rule's pass over [lo, hi), lo a multiple of Lanes::kWidth: the rule is a template
+// argument so that the loop has no branch on it. Element i counts to lane i % 8, eight
+// lanes wide: a float sum in one accumulator is a chain the compiler may not reorder,
+// so a single sum would keep the pass scalar (it was 9x a plain rounding pass). Sums run
+// in float within a lane of a chunk (at most 4096 terms), in double across lanes and
+// chunks, in a fixed order: the counts do not depend on the thread count.
 template <WeightUpdate kRule>
 LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, uint64_t seed,
                        uint64_t stream) {
-  int64_t intended = 0, lost = 0;
-  float intended_sq = 0, lost_sq = 0;
+  constexpr int kW = Lanes::kWidth;
+  Lanes l;
   const uint64_t key = kRule == WeightUpdate::kStochastic ? stream_key(seed, stream) : 0;
-  uint64_t bits = 0;
-  for (int64_t i = lo; i < hi; ++i) {
-    const float old = before[i], fresh = w[i];
-    const float u = fresh - old;  // the optimizer's update, as fp32 computed it
-    float out, dropped;
-    if constexpr (kRule == WeightUpdate::kNearest) {
-      out = round_bf16_nearest(fresh);
-      dropped = fresh - out;
-    } else if constexpr (kRule == WeightUpdate::kStochastic) {
-      const auto index = static_cast<uint64_t>(i);
-      if (i == lo || (index & 3) == 0) bits = draw(key, index);  // one draw serves four elements
-      out = round_bf16_stochastic(fresh, quarter(bits, index));
-      dropped = fresh - out;
-    } else {
-      const float target = old + (u + comp[i]);  // the update plus what earlier roundings dropped
-      out = round_bf16_nearest(target);
-      const float rest = target - out;  // exact: out is target's nearest neighbour
-      comp[i] = round_bf16_nearest(rest);
-      dropped = rest - comp[i];
+  uint32_t r[kW] = {};
+  int64_t i = lo;
+  for (; i + kW <= hi; i += kW) {
+    if constexpr (kRule == WeightUpdate::kStochastic) {
+      // One 64-bit draw serves four elements (i is a multiple of 8): element i + j takes its quarter.
+      const uint64_t h0 = draw(key, static_cast<uint64_t>(i)), h1 = draw(key, static_cast<uint64_t>(i + 4));
+      for (int j = 0; j < kW; ++j) r[j] = quarter(j < 4 ? h0 : h1, static_cast<uint64_t>(j));
     }
-    w[i] = out;
-    const bool moved_meant = u != 0;
-    intended += moved_meant;
-    lost += moved_meant & (out == old);
-    intended_sq += u * u;
-    lost_sq += dropped * dropped;
+    for (int j = 0; j < kW; ++j) round_one<kRule>(w, before, comp, i + j, r[j], l, j);
+  }
+  for (; i < hi; ++i) {
+    const auto index = static_cast<uint64_t>(i);
+    const uint32_t bits = kRule == WeightUpdate::kStochastic ? quarter(draw(key, index), index) : 0;
+    round_one<kRule>(w, before, comp, i, bits, l, static_cast<int>(i - lo) % kW);
   }
   LostUpdates s;
   s.elements = hi - lo;
-  s.intended = intended;
-  s.lost = lost;
-  s.intended_sq = intended_sq;
-  s.lost_sq = lost_sq;
+  for (int j = 0; j < kW; ++j) {
+    s.intended += l.intended[j];
+    s.lost += l.lost[j];
+    s.intended_sq += l.intended_sq[j];
+    s.lost_sq += l.lost_sq[j];
+  }
   return s;
 }
 
