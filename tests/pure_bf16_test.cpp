@@ -277,6 +277,52 @@ TEST_P(PureBf16PathTest, IslandsKeepFp32WeightsAndTheModeIsNamedEverywhere) {
                     "rounds 16-bit weights, which only");
 }
 
+/// A Linear and a gain multiplied in by hand (an op outside autocast's lists): what the
+/// emulated forward made of its output and its gain, seen from inside the training forward.
+struct GainedLinearImpl : torch::nn::Module {
+  GainedLinearImpl()
+      : fc(register_module("fc", torch::nn::Linear(8, 3))), gain(register_parameter("gain", torch::ones({3}))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor out = fc(x) * gain;
+    if (is_training() && !seen) {
+      seen = true;
+      out_reduced = amp::holds_reduced_result(out);
+      const torch::Tensor g = gain.detach();
+      gain_bf16 = torch::equal(g, g.to(torch::kBFloat16).to(torch::kFloat));
+    }
+    return out;
+  }
+  torch::nn::Linear fc;
+  torch::Tensor gain;
+  bool seen = false, out_reduced = false, gain_bf16 = false;
+};
+TORCH_MODULE(GainedLinear);
+
+TEST_F(PureBf16Test, TheEmulatedForwardTakesTheWeightsAsBf16TensorsAndEveryFitStartsFromBf16Values) {
+  torch::manual_seed(0);
+  GainedLinear net;
+  auto dls = data::DataLoaders::from_split({test::blobs(64, 3, 8, 3), test::blobs(32, 3, 8, 4)}, 32, 11);
+  Learner learn(Model(net), std::move(dls), cross_entropy(), LearnerOptions().progress(false));
+  learn.set_precision(Precision::kBf16Pure);
+  learn.fit(1, 1e-3);
+  ASSERT_TRUE(learn.precision_cb()->emulated());
+  // bf16 activation times bf16 gain is a bf16 tensor, as real bf16-pure's weights make it;
+  // a weight taken as fp32 made it an fp32 one.
+  EXPECT_TRUE(net->out_reduced);
+  EXPECT_TRUE(net->gain_bf16);
+  // A value written between fits that bf16 cannot hold is rounded when the next fit starts,
+  // before the forward takes the weight as bf16.
+  {
+    torch::NoGradGuard no_grad;
+    net->gain.fill_(1.0f + std::ldexp(1.0f, -12));
+  }
+  net->seen = false;
+  learn.fit(1, 1e-3);
+  EXPECT_TRUE(net->seen);
+  EXPECT_TRUE(net->gain_bf16) << "the second fit's forward saw a weight that is not a bf16 value";
+  EXPECT_TRUE(net->out_reduced);
+}
+
 diagnose::LearnerFactory norm_mlp_factory() {
   return [] {
     NormMlp net;

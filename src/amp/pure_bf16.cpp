@@ -102,6 +102,17 @@ void PureBf16::prepare(Learner& learn) {
 void PureBf16::before_fit(Learner& learn) {
   MixedPrecision::before_fit(learn);
   prepare(learn);
+  {
+    // Every fit starts from bf16 values, whatever was written to the weights since the
+    // last (a load, a user's edit): the emulated forward takes them as bf16 tensors
+    // (MixedPrecision::before_batch), and a step's lost updates are counted from them.
+    torch::NoGradGuard no_grad;
+    torch::nn::Module& module = learn.model().module();
+    const std::vector<std::string> islands = keep_fp32();
+    const IslandParams in_island = islands.empty() ? IslandParams() : island_params(islands, module);
+    for (auto& w : module.parameters())
+      if (w.scalar_type() == torch::kFloat && !in_island.count(w.unsafeGetTensorImpl())) round_to_bf16_(w);
+  }
   // A resumed fit goes on counting where its checkpoint left off (its epochs so far,
   // and the one it was interrupted in); any other fit counts from nothing.
   if (!resumed_) {
