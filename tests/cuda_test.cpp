@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 
 namespace {
 
@@ -82,6 +83,37 @@ TEST(CudaTest, DataParallelOneRankOnCudaTensors) {
 
 // fp32 islands under real CUDA autocast: an island's matmul skips autocast (fp32),
 // the one outside runs in fp16, and a Learner with an island trains.
+TEST(CudaTest, Bf16GradientsAreCheckedAndUnscaledOnTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  // ATen's fused check takes no bf16: bf16-master's bf16 gradients go another way, still without a host read.
+  auto opts = torch::TensorOptions().device(torch::kCUDA);
+  torch::Tensor finite = torch::full({5}, 4.0, opts.dtype(torch::kBFloat16)), f32 = torch::full({3}, 2.0, opts);
+  torch::Tensor found = torch::zeros({1}, opts);
+  amp::non_finite_check_and_unscale_({finite, f32}, found, torch::full({1}, 0.5, opts));
+  EXPECT_EQ(found.item<float>(), 0.0f);
+  EXPECT_TRUE(torch::equal(finite.cpu(), torch::full({5}, 2.0, torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(f32.cpu(), torch::full({3}, 1.0)));
+  torch::Tensor inf = torch::tensor({1.0f, std::numeric_limits<float>::infinity()}, opts).to(torch::kBFloat16);
+  amp::non_finite_check_and_unscale_({inf}, found, torch::ones({1}, opts));
+  EXPECT_EQ(found.item<float>(), 1.0f);
+}
+
+TEST(CudaTest, ALoaderOverADatasetOnTheGpuShufflesThere) {
+  SKIP_WITHOUT_CUDA();
+  // The order is drawn on the CPU; the batches are gathered on the dataset's device.
+  auto ds = test::blobs(64, 3, 4);
+  ds.x = ds.x.to(torch::kCUDA);
+  ds.y = ds.y.to(torch::kCUDA);
+  data::DataLoader loader(ds, data::DataLoaderOptions().batch_size(16).shuffle(true).seed(3));
+  int64_t batches = 0;
+  for (const auto& b : loader) {
+    EXPECT_TRUE(b.x.is_cuda());
+    EXPECT_EQ(b.x.size(0), 16);
+    ++batches;
+  }
+  EXPECT_EQ(batches, 4);
+}
+
 TEST(CudaTest, Fp32IslandsSkipCudaAutocast) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no CUDA";
   const torch::Tensor x = torch::randn({64, 64}, torch::kCUDA);

@@ -142,8 +142,20 @@ void non_finite_check_and_unscale_(const std::vector<torch::Tensor>& grads, torc
     if (non_finite_check_and_unscale_cpu(grads, inv_scale.item<float>())) found_inf.fill_(1.0);
     return;
   }
-  // ATen's fused multi-tensor kernel (CUDA): no host sync, found_inf stays on device.
-  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  // ATen's fused multi-tensor kernel (CUDA): no host sync, found_inf stays on device. It
+  // takes fp32, fp16 and fp64 only; bf16 gradients (bf16-master's bf16 model) are checked
+  // and unscaled with tensor ops, on the device too (the fused kernel raised "not
+  // implemented for 'BFloat16'" on an H200).
+  std::vector<torch::Tensor> fused, other;
+  for (const auto& g : grads) {
+    const auto dt = g.scalar_type();
+    (dt == at::kFloat || dt == at::kHalf || dt == at::kDouble ? fused : other).push_back(g);
+  }
+  if (!fused.empty()) at::_amp_foreach_non_finite_check_and_unscale_(fused, found_inf, inv_scale);
+  for (const auto& g : other) {
+    found_inf.copy_(torch::maximum(found_inf, g.isfinite().logical_not().any().to(found_inf.dtype())));
+    g.mul_(inv_scale);
+  }
 }
 
 } // namespace mixtrain::amp

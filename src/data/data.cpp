@@ -77,7 +77,11 @@ Batch DataLoader::Iterator::operator*() const {
   const int64_t stop = std::min(start + bs, ds.size());
   // index_select gathers into a fresh contiguous batch: one copy, no per-sample work.
   const torch::Tensor idx = order_.defined() ? order_.slice(0, start, stop) : torch::Tensor();
-  const auto take = [&](const torch::Tensor& t) { return idx.defined() ? t.index_select(0, idx) : t.slice(0, start, stop); };
+  // The order is drawn on the CPU; a dataset kept on the GPU takes its indices there.
+  const auto take = [&](const torch::Tensor& t) {
+    if (!idx.defined()) return t.slice(0, start, stop);
+    return t.index_select(0, idx.device() == t.device() ? idx : idx.to(t.device()));
+  };
   Batch b{take(ds.x), take(ds.y)};
   for (const auto& e : ds.extra_x) b.extra_x.push_back(take(e));
   return b;
