@@ -81,8 +81,6 @@ TEST(CudaTest, DataParallelOneRankOnCudaTensors) {
   EXPECT_LT(steps.back().smooth_loss, steps.front().loss);
 }
 
-// fp32 islands under real CUDA autocast: an island's matmul skips autocast (fp32),
-// the one outside runs in fp16, and a Learner with an island trains.
 TEST(CudaTest, Bf16GradientsAreCheckedAndUnscaledOnTheDevice) {
   SKIP_WITHOUT_CUDA();
   // ATen's fused check takes no bf16: bf16-master's bf16 gradients go another way, still without a host read.
@@ -114,6 +112,8 @@ TEST(CudaTest, ALoaderOverADatasetOnTheGpuShufflesThere) {
   EXPECT_EQ(batches, 4);
 }
 
+// fp32 islands under real CUDA autocast: an island's matmul skips autocast (fp32),
+// the one outside runs in fp16, and a Learner with an island trains.
 TEST(CudaTest, Fp32IslandsSkipCudaAutocast) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no CUDA";
   const torch::Tensor x = torch::randn({64, 64}, torch::kCUDA);

@@ -4,7 +4,6 @@
 #include "mixtrain/compat.h"
 #include "mixtrain/util/option_error.h"
 
-#include "dispatch_mode.h"
 #include "util/archive_util.h"
 
 #include <algorithm>
@@ -90,17 +89,9 @@ void MixedPrecision::before_batch(Learner& learn) {
     if (!island_params_) island_params_ = std::make_shared<const IslandParams>(island_params(keep_fp32_, learn.model().module()));
     islands_.emplace(keep_fp32_, island_params_);
   }
-  if (emulated_) {
+  if (emulated_)
     emulation_.emplace(dtype_);
-    // bf16-pure's weights hold bf16 values (they are rounded when the fit starts and after
-    // every step): the ops take them as bf16 tensors, as real bf16-pure's are, instead of
-    // rounding a copy of every weight each forward and its gradient on the way back (the
-    // step rounds the gradient). Only while training: a weight the user set between fits
-    // may not be rounded yet, and validation then rounds its copies as before.
-    if (pure_weights() && learn.training())
-      for (const auto& w : learn.model().module().parameters())
-        if (!island_params_ || !island_params_->count(w.unsafeGetTensorImpl())) detail::mark_reduced(w);
-  } else if (dtype_ != c10::ScalarType::Float)
+  else if (dtype_ != c10::ScalarType::Float)
     guard_.emplace(device_type_, dtype_);
 }
 

@@ -8,6 +8,7 @@
 #include "mixtrain/core/optimizers.h"
 #include "mixtrain/util/option_error.h"
 
+#include "dispatch_mode.h"
 #include "util/archive_util.h"
 
 #include <torch/optim/adagrad.h>
@@ -68,8 +69,10 @@ void PureBf16::prepare(Learner& learn) {
     weight_bytes += 2 * n;
     grad_bytes += 2 * n;
     state_bytes += 2 * *states * n;
-    round_to_bf16_(w);  // the weights hold bf16 values from the start (a write to a bf16 weight is rounded)
-    if (!w.requires_grad()) continue;  // frozen: nothing updates it, but it is stored in bf16
+    if (!w.requires_grad()) {  // frozen: nothing updates it, but it is stored in bf16
+      round_to_bf16_(w);
+      continue;
+    }
     Param p;
     p.name = item.key();
     p.in_norm_layer = normed.count(w.unsafeGetTensorImpl()) > 0;
@@ -103,15 +106,12 @@ void PureBf16::before_fit(Learner& learn) {
   MixedPrecision::before_fit(learn);
   prepare(learn);
   {
-    // Every fit starts from bf16 values, whatever was written to the weights since the
-    // last (a load, a user's edit): the emulated forward takes them as bf16 tensors
-    // (MixedPrecision::before_batch), and a step's lost updates are counted from them.
+    // The trained weights hold bf16 values from the start of every fit, whatever was
+    // written to them since the last (a load, a user's edit; a write to a bf16 weight is
+    // rounded): the emulated forward takes them as bf16 tensors (before_batch), and a
+    // step's lost updates are counted from them.
     torch::NoGradGuard no_grad;
-    torch::nn::Module& module = learn.model().module();
-    const std::vector<std::string> islands = keep_fp32();
-    const IslandParams in_island = islands.empty() ? IslandParams() : island_params(islands, module);
-    for (auto& w : module.parameters())
-      if (w.scalar_type() == torch::kFloat && !in_island.count(w.unsafeGetTensorImpl())) round_to_bf16_(w);
+    for (auto& p : params_) round_to_bf16_(p.weight);
   }
   // A resumed fit goes on counting where its checkpoint left off (its epochs so far,
   // and the one it was interrupted in); any other fit counts from nothing.
@@ -121,6 +121,17 @@ void PureBf16::before_fit(Learner& learn) {
   }
   resumed_ = false;
   step_pending_ = false;
+}
+
+void PureBf16::before_batch(Learner& learn) {
+  MixedPrecision::before_batch(learn);
+  // The trained weights hold bf16 values (before_fit, after_step): the emulated ops take
+  // them as bf16 tensors, as real bf16-pure's are, instead of rounding a copy of every
+  // weight each forward and its gradient on the way back (before_step rounds the
+  // gradient). Only while training: validation outside a fit may see weights a user set
+  // since, and rounds its copies as before.
+  if (learn.training() && ReducedPrecisionEmulation::is_enabled())
+    for (const auto& p : params_) detail::mark_reduced(p.weight);
 }
 
 void PureBf16::before_step(Learner& learn) {

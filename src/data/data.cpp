@@ -76,8 +76,10 @@ Batch DataLoader::Iterator::operator*() const {
   const int64_t start = std::min(index_ * global + loader_->options_.shard() * bs, ds.size());
   const int64_t stop = std::min(start + bs, ds.size());
   // index_select gathers into a fresh contiguous batch: one copy, no per-sample work.
-  const torch::Tensor idx = order_.defined() ? order_.slice(0, start, stop) : torch::Tensor();
-  // The order is drawn on the CPU; a dataset kept on the GPU takes its indices there.
+  torch::Tensor idx = order_.defined() ? order_.slice(0, start, stop) : torch::Tensor();
+  // The order is drawn on the CPU; a dataset kept on the GPU takes its indices there, moved
+  // once a batch (a tensor on yet another device moves them for itself).
+  if (idx.defined() && ds.x.defined() && idx.device() != ds.x.device()) idx = idx.to(ds.x.device());
   const auto take = [&](const torch::Tensor& t) {
     if (!idx.defined()) return t.slice(0, start, stop);
     return t.index_select(0, idx.device() == t.device() ? idx : idx.to(t.device()));

@@ -55,6 +55,7 @@ class PureBf16 : public MixedPrecision {
   void load_state(torch::serialize::InputArchive& ar) override;
 
   void before_fit(Learner& learn) override;
+  void before_batch(Learner& learn) override;
   void before_step(Learner& learn) override;
   void after_cancel_step(Learner& learn) override;
   void after_step(Learner& learn) override;
