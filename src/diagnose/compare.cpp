@@ -10,6 +10,7 @@
 #include "mixtrain/core/precision_callback.h"
 #include "mixtrain/core/precision_modes.h"
 #include "mixtrain/callbacks/gradient_clip.h"
+#include "mixtrain/callbacks/progress.h"
 #include "mixtrain/callbacks/stop_on_request.h"
 #include "mixtrain/diagnose/trial_stop.h"
 #include "mixtrain/diagnose/gradient_health.h"
@@ -19,6 +20,7 @@
 #include "mixtrain/models/failure_site.h"
 #include "mixtrain/util/option_error.h"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -27,6 +29,8 @@
 #include <cstdio>
 #include <iostream>
 #include <numeric>
+#include <thread>
+#include <unordered_set>
 
 namespace mixtrain::diagnose {
 
@@ -97,8 +101,22 @@ RunEvidence summarize_run(Learner& learn, const std::string& precision) {
 
 namespace {
 
-void fit(Learner& learn, const CompareOptions& o) {
-  torch::manual_seed(o.seed());  // dropout and anything else drawing from the global generator
+/// torch's global generator as it was, put back at the end of the scope: a diagnostic
+/// pass (dropout) must not move the replay's random stream off the run's.
+class KeepGlobalRng {
+ public:
+  KeepGlobalRng() : state_(at::detail::getDefaultCPUGenerator().get_state()) {}
+  ~KeepGlobalRng() {
+    at::Generator global = at::detail::getDefaultCPUGenerator();
+    global.set_state(state_);
+  }
+
+ private:
+  torch::Tensor state_;
+};
+
+void fit(Learner& learn, const CompareOptions& o, bool seed = true) {
+  if (seed) torch::manual_seed(o.seed());  // dropout and anything else drawing from the global generator
   if (o.one_cycle())
     learn.fit_one_cycle(o.epochs(), o.lr());
   else
@@ -109,6 +127,113 @@ void fit(Learner& learn, const CompareOptions& o) {
 /// shuffled order (drawing from the loader would change the runs' data order).
 data::Batch probe_batch(Learner& learn) {
   return data::Batch::head_of(learn.dls().train.dataset(), std::max<int64_t>(1, learn.dls().train.options().batch_size()));
+}
+
+/// Whether `learn`'s model draws from torch's global generator in a training forward
+/// (dropout, stochastic depth): one forward of the probe batch, with the generator and
+/// the model's state (BatchNorm's running statistics) put back after it. A forward that
+/// fails counts as drawing: the runs then train in turn, and the baseline's fit reports it.
+bool forward_draws_random_numbers(Learner& learn, const std::vector<torch::Tensor>& initial) {
+  torch::nn::Module& module = learn.model().module();
+  const bool was_training = module.is_training();
+  const KeepGlobalRng keep;
+  at::Generator global = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor before = global.get_state();
+  bool drew = true;
+  torch::NoGradGuard no_grad;
+  try {
+    module.train(true);
+    const data::Batch probe = probe_batch(learn).to(learn.device());
+    (void)learn.model().forward(learn.model().inputs_for(probe));
+    drew = !torch::equal(global.get_state(), before);
+  } catch (const std::exception&) {
+  }
+  const auto state = learn.model().state_tensors();
+  for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
+  module.train(was_training);
+  return drew;
+}
+
+/// What keeps the baseline from training beside the mixed run ("" when nothing does):
+/// only a pair that computes exactly what each arm would compute alone trains side by side.
+std::string why_not_side_by_side(Learner& baseline, const CompareOptions& o, const std::vector<torch::Tensor>& initial) {
+  if (!o.side_by_side()) return "not asked";
+  if (at::get_num_threads() < 2) return "one intra-op thread";
+  if (!baseline.device().is_cpu()) return "not on a CPU";
+  for (const auto& cb : baseline.cbs())  // by name: the callback's header brings c10d's
+    if (cb->name() == "DataParallel") return "a data-parallel group";
+  if (forward_draws_random_numbers(baseline, initial)) return "the model draws random numbers";
+  return "";
+}
+
+/// Whether two learners' models share a tensor (a factory that hands out one module twice).
+bool share_tensors(Learner& a, Learner& b) {
+  std::unordered_set<const void*> mine;
+  for (const auto& t : a.model().state_tensors()) mine.insert(t.data_ptr());
+  for (const auto& t : b.model().state_tensors())
+    if (mine.count(t.data_ptr())) return true;
+  return false;
+}
+
+/// Ends a fit after the batch in progress once `*other_failed` is set: the other arm of
+/// a side-by-side pair has thrown, and its error is what the caller will see.
+class StopWhenTheOtherArmFails : public Callback {
+ public:
+  explicit StopWhenTheOtherArmFails(const std::atomic<bool>* other_failed) : other_failed_(other_failed) { order = 100; }
+  std::string name() const override { return "StopWhenTheOtherArmFails"; }
+  void after_batch(Learner&) override {
+    if (other_failed_->load()) throw CancelFitException();
+  }
+
+ private:
+  const std::atomic<bool>* other_failed_;
+};
+
+/// Trains `beside` on a second thread while this thread trains `here`, each on half the
+/// intra-op threads, from the seed just set; then puts the thread count back. An error in
+/// either arm stops the other after its batch and is rethrown (this thread's first).
+/// Returns false, having trained both, when the global generator moved after all (a draw
+/// the probe forward did not make): the pair must train again, in turn.
+bool fit_side_by_side(Learner& beside, Learner& here, const CompareOptions& o) {
+  const int threads = at::get_num_threads();
+  const int half = threads / 2;
+  std::atomic<bool> beside_failed{false}, here_failed{false};
+  const auto stop_beside = std::make_shared<StopWhenTheOtherArmFails>(&here_failed);
+  const auto stop_here = std::make_shared<StopWhenTheOtherArmFails>(&beside_failed);
+  beside.add_cb(stop_beside);
+  here.add_cb(stop_here);
+  // Only the run under diagnosis shows its progress: two arms' lines would interleave.
+  const auto progress = beside.get_cb<callbacks::ProgressCallback>();
+  if (progress) beside.remove_cb(progress);
+  torch::manual_seed(o.seed());
+  const torch::Tensor seeded = at::detail::getDefaultCPUGenerator().get_state();
+  std::exception_ptr beside_error, here_error;
+  at::set_num_threads(threads - half);
+  std::thread worker([&] {
+    // Each thread has its own OpenMP thread count; this one's starts from torch's default.
+    at::init_num_threads();
+    at::set_num_threads(half);
+    try {
+      fit(beside, o, /*seed=*/false);
+    } catch (...) {
+      beside_error = std::current_exception();
+      beside_failed = true;
+    }
+  });
+  try {
+    fit(here, o, /*seed=*/false);
+  } catch (...) {
+    here_error = std::current_exception();
+    here_failed = true;
+  }
+  worker.join();
+  at::set_num_threads(threads);
+  beside.remove_cb(stop_beside);
+  here.remove_cb(stop_here);
+  if (progress) beside.add_cb(progress);
+  if (here_error) std::rethrow_exception(here_error);
+  if (beside_error) std::rethrow_exception(beside_error);
+  return torch::equal(at::detail::getDefaultCPUGenerator().get_state(), seeded);
 }
 
 /// Runs the mixed run again as a trial's settings make it and returns what it measured;
@@ -296,23 +421,53 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   std::vector<torch::Tensor> initial;
   for (const auto& t : baseline->model().state_tensors()) initial.push_back(t.clone());
 
-  fit(*baseline, o);
-  ev.fp32 = summarize_run(*baseline, "fp32");
-
-  torch::manual_seed(o.seed());
-  std::unique_ptr<Learner> mixed = make_learner();
-  TORCH_CHECK(mixed, "diagnose::compare: the learner factory returned nothing");
-  {
-    const auto state = mixed->model().state_tensors();
+  // The run under diagnosis: a second model from the factory, from the same weights.
+  const auto make_mixed = [&] {
+    torch::manual_seed(o.seed());
+    std::unique_ptr<Learner> learn = make_learner();
+    TORCH_CHECK(learn, "diagnose::compare: the learner factory returned nothing");
+    const auto state = learn->model().state_tensors();
     TORCH_CHECK(state.size() == initial.size(), "diagnose::compare: the learner factory built two different models");
     for (size_t i = 0; i < state.size(); ++i) state[i].copy_(initial[i]);
-  }
-  mixed->set_precision(o.precision(), o.precision_options());
-
-  const data::Batch probe = probe_batch(*mixed);
+    learn->set_precision(o.precision(), o.precision_options());
+    return learn;
+  };
+  std::unique_ptr<Learner> mixed;
+  std::optional<OverflowTrace> trace_start;
   // bf16 has fp32's exponent range: there is no fp16 overflow to trace.
-  if (fp16) ev.trace_start = trace_overflow(*mixed, probe);
-  fit(*mixed, o);
+  const auto trace_start_of = [&](Learner& learn) {
+    if (fp16) trace_start = trace_overflow(learn, probe_batch(learn));
+  };
+  if (why_not_side_by_side(*baseline, o, initial).empty()) {
+    mixed = make_mixed();
+    if (!share_tensors(*baseline, *mixed)) {
+      trace_start_of(*mixed);
+      std::cout << "doctor: the fp32 baseline trains beside the " << precision_name(o.precision()) << " run, "
+                << at::get_num_threads() / 2 << " thread(s) each" << std::endl;
+      ev.side_by_side = fit_side_by_side(*baseline, *mixed, o);
+      if (!ev.side_by_side) {  // a draw the probe did not see: the pair trains again, in turn
+        std::cout << "doctor: the model drew random numbers while training; both runs train again, in turn" << std::endl;
+        torch::manual_seed(o.seed());
+        baseline = make_learner();
+        const auto state = baseline->model().state_tensors();
+        for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
+        mixed.reset();
+      }
+    } else {
+      mixed.reset();
+    }
+  }
+  if (ev.side_by_side) {
+    ev.fp32 = summarize_run(*baseline, "fp32");
+  } else {
+    fit(*baseline, o);
+    ev.fp32 = summarize_run(*baseline, "fp32");
+    mixed = make_mixed();
+    trace_start_of(*mixed);
+    fit(*mixed, o);
+  }
+  ev.trace_start = std::move(trace_start);
+  const data::Batch probe = probe_batch(*mixed);
   ev.mixed = summarize_run(*mixed, precision_name(o.precision()));
   if (fp16) {
     ev.trace_end = trace_overflow(*mixed, probe);
@@ -355,20 +510,6 @@ class StopAfterSteps : public Callback {
 
  private:
   int64_t n_, done_ = 0;
-};
-
-/// torch's global generator as it was, put back at the end of the scope: a diagnostic
-/// pass (dropout) must not move the replay's random stream off the run's.
-class KeepGlobalRng {
- public:
-  KeepGlobalRng() : state_(at::detail::getDefaultCPUGenerator().get_state()) {}
-  ~KeepGlobalRng() {
-    at::Generator global = at::detail::getDefaultCPUGenerator();
-    global.set_state(state_);
-  }
-
- private:
-  torch::Tensor state_;
 };
 
 /// Trains the next `window` steps of the run's schedule from where `learn` stands (a

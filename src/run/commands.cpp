@@ -552,6 +552,7 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
                                        .max_trials(a.no_trials ? 0 : a.max_trials)
                                        .apply_setting(apply_setting)
                                        .seed(r.seed)
+                                       .side_by_side(true)  // build_learner's Learners share nothing
                                        .on_progress(keep));
   } catch (const callbacks::StopRequested&) {
     if (!known) throw;  // stopped before the verdict: nothing to keep

@@ -61,6 +61,17 @@ struct CompareOptions {
   /// each trial ends (the trials so far, the proven fix among them), so that a
   /// caller can keep the diagnosis when a later trial dies or is stopped.
   TORCH_ARG(std::function<void(const Diagnosis&)>, on_progress) = nullptr;
+  /// From scratch on a CPU with 2 or more intra-op threads: train the fp32 baseline on
+  /// a second thread beside the run under diagnosis, each on half the threads (small
+  /// models gain little from a second thread, so the pair costs less than the two in
+  /// turn). Only where that changes no result: the model draws no random numbers while
+  /// it trains (no dropout), the two models share no tensors and no data-parallel group
+  /// is attached. Each arm then computes exactly what it would alone on half the
+  /// threads; Evidence::side_by_side says whether it happened. Off unless asked: the
+  /// baseline's callbacks then run on another thread, and a factory's callbacks that
+  /// share state between the two Learners would race. run::doctor (the CLI, Python)
+  /// asks: its Learners share nothing.
+  TORCH_ARG(bool, side_by_side) = false;
 
   /// 0.1.0's fields, now those of precision_options(); removed in 0.3.0.
   [[deprecated("use precision_options(PrecisionOptions().scaler(...))")]] CompareOptions& scaler(amp::GradScalerOptions s) {

@@ -96,6 +96,9 @@ struct Evidence {
   /// two runs from scratch: a baseline whose loss does not fall in the window is no fault
   /// (a late window of a converged run), so only its divergence counts against it.
   bool branched = false;
+  /// The baseline trained beside the mixed run, each on half the intra-op threads
+  /// (CompareOptions::side_by_side), not the two in turn on all of them.
+  bool side_by_side = false;
   /// (mixed - fp32) / |fp32| * 100 of the compared loss (valid loss when both are finite).
   std::optional<double> gap_percent() const;
 };
