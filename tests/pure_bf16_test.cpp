@@ -107,6 +107,68 @@ TEST_F(PureBf16Test, StochasticRoundingIsUnbiasedSeededAndTheSameOnEveryRank) {
   EXPECT_FALSE(torch::equal(rank0, other_step));
 }
 
+// The update pass works four elements at a time in vector registers: each rule's weights,
+// compensation and counts are what rounding element by element gives, for sizes with and
+// without a tail, NaN, inf, subnormals and updates of every size among them.
+TEST_F(PureBf16Test, TheUpdatePassRoundsAndCountsAsElementByElement) {
+  for (const int64_t n : {1, 7, 8, 13, 1000, 40005}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    torch::Tensor before = (torch::randn({n}) * 4).to(torch::kBFloat16).to(torch::kFloat);
+    const torch::Tensor scale = torch::pow(10.0, torch::randint(-6, 1, {n}).to(torch::kFloat));
+    // A tenth take no update at all.
+    torch::Tensor fresh = torch::where(torch::rand({n}) < 0.1, before, before + torch::randn({n}) * scale).contiguous();
+    float* f = fresh.data_ptr<float>();
+    const float specials[] = {NAN, INFINITY, -INFINITY, 1e-40f, -0.0f, 3.3895e38f};
+    for (int64_t i = 3; i < n; i += 5) f[i] = specials[(i / 5) % 6];
+    for (const WeightUpdate rule : {WeightUpdate::kNearest, WeightUpdate::kStochastic, WeightUpdate::kKahan}) {
+      SCOPED_TRACE(amp::weight_update_name(rule));
+      torch::Tensor w = fresh.clone();
+      torch::Tensor comp = (torch::randn({n}) * 1e-3).to(torch::kBFloat16).to(torch::kFloat);
+      const torch::Tensor comp_before = comp.clone();
+      const amp::LostUpdates s = amp::round_update(w, before, rule, rule == WeightUpdate::kKahan ? &comp : nullptr, 9, 4);
+      const float *b = before.data_ptr<float>(), *out = w.data_ptr<float>(), *c0 = comp_before.data_ptr<float>(),
+                  *c = comp.data_ptr<float>();
+      int64_t intended = 0, lost = 0, differ = 0;
+      double intended_sq = 0, lost_sq = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float u = f[i] - b[i];
+        float want = 0, dropped = 0;
+        if (rule == WeightUpdate::kNearest) {
+          want = amp::round_bf16_nearest(f[i]);
+          dropped = f[i] - want;
+        } else if (rule == WeightUpdate::kStochastic) {
+          want = amp::round_bf16_stochastic(f[i], amp::stochastic_bits(9, 4, static_cast<uint64_t>(i)));
+          dropped = f[i] - want;
+        } else {
+          const float target = b[i] + (u + c0[i]);
+          want = amp::round_bf16_nearest(target);
+          const float rest = target - want;
+          const float kept = amp::round_bf16_nearest(rest);
+          differ += bits(kept) != bits(c[i]) && !(std::isnan(kept) && std::isnan(c[i]));
+          dropped = rest - kept;
+        }
+        differ += bits(want) != bits(out[i]) && !(std::isnan(want) && std::isnan(out[i]));
+        intended += u != 0;
+        lost += u != 0 && want == b[i];
+        intended_sq += double(u) * u;
+        lost_sq += double(dropped) * dropped;
+      }
+      EXPECT_EQ(differ, 0);
+      EXPECT_EQ(s.elements, n);
+      EXPECT_EQ(s.intended, intended);
+      EXPECT_EQ(s.lost, lost);
+      // Sums run in float within a lane: equal to the double sum up to float rounding (or both
+      // not finite, where a NaN or inf took part).
+      for (const auto& [got, exact] : {std::pair<double, double>{s.intended_sq, intended_sq}, {s.lost_sq, lost_sq}}) {
+        if (std::isfinite(exact))
+          EXPECT_NEAR(got, exact, 1e-5 * exact + 1e-30);
+        else
+          EXPECT_FALSE(std::isfinite(got));
+      }
+    }
+  }
+}
+
 TEST_F(PureBf16Test, KahanCarriesTheUpdateNearestRoundingLoses) {
   // A constant update of 1e-4 on a weight of 1: below half of bf16's 2^-7 spacing at 1.
   auto train = [](WeightUpdate rule) {
@@ -183,17 +245,7 @@ TEST_F(PureBf16Test, EmulatedUpdatesEqualRealBf16TensorUpdatesBitwise) {
 }
 
 /// A small MLP with LayerNorm: the gain of 1.0 is where bf16 loses most.
-struct NormMlpImpl : torch::nn::Module {
-  NormMlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(8, 32))),
-        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})))),
-        fc2(register_module("fc2", torch::nn::Linear(32, 3))) {}
-  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(norm(fc1(x)))); }
-  torch::nn::Linear fc1;
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear fc2;
-};
-TORCH_MODULE(NormMlp);
+using test::NormMlp;
 
 struct Trained {
   double first_loss, final_loss;

@@ -76,6 +76,20 @@ inline mixtrain::data::Dataset blobs(int64_t n, int64_t classes = 3, int64_t dim
   return {x, y};
 }
 
+/// 8 -> Linear(32) -> LayerNorm -> ReLU -> Linear(3): the new user's LayerNorm MLP in
+/// small. Fine-tuned in bf16-pure at a low lr it loses most updates (lost_updates).
+struct NormMlpImpl : torch::nn::Module {
+  NormMlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 32))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 3))) {}
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(norm(fc1(x)))); }
+  torch::nn::Linear fc1;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(NormMlp);
+
 using mixtrain::testing::InjectOverflow;
 
 /// The loss scale of every recorded step (skipped ones included): the Recorder
