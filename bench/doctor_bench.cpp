@@ -2,8 +2,8 @@
 // schedule: a LayerNorm MLP fine-tuned in bf16-pure from fp32-pretrained weights,
 // at a low learning rate (lost_updates: a cure is proven) and at a normal one
 // (healthy), each with the fp32 baseline beside the run under diagnosis (as the doctor
-// runs on 2 or more threads) and in turn. The ratios are measured in this run, the arms
-// interleaved (the host's speed drifts), each arm's best of three kept.
+// runs on 2 or more threads) and in turn. The ratios are measured in this run, each
+// doctor against the fp32 runs timed next to it, the median of 7 rounds kept.
 #include "layer_norm_mlp.h"
 
 #include <mixtrain/mixtrain.h>
@@ -65,56 +65,68 @@ int main() {
                                                             .side_by_side(side_by_side));
   };
   // Each doctor twice: as it runs (the fp32 baseline beside the run under diagnosis, one
-  // thread each, on this 2-thread setup) and with the two in turn on both threads.
+  // thread each on this 2-thread setup, and the cure's first trial on the baseline's
+  // thread once the runs point to lost_updates) and with the two in turn on both threads.
+  // The host's speed drifts in bursts: each doctor is timed against the fp32 runs just
+  // before and after it (the faster of the two), and the median of kRounds ratios is kept.
   struct Arm {
-    double seconds = 1e300;
+    std::vector<double> ratios;
     std::string verdict;
-    size_t trials = 0;
-    bool side_by_side = false;
+    size_t trials = 0, head_starts = 0, side_by_side = 0;
+    double median() {
+      std::sort(ratios.begin(), ratios.end());
+      return ratios[ratios.size() / 2];
+    }
   };
   Arm cured[2], healthy[2];  // [0]: side by side, [1]: in turn
-  double fp32_s = 1e300, pure_s = 1e300;
-  auto time_doctor = [&](Arm& arm, double lr, bool side_by_side) {
+  std::vector<double> fp32_runs, pure_ratios;
+  auto time_fp32 = [&] {
+    const double t0 = now();
+    auto one = from_pretrained();
+    one->fit_one_cycle(kEpochs, 2e-4);
+    fp32_runs.push_back(now() - t0);
+    return fp32_runs.back();
+  };
+  auto time_doctor = [&](Arm& arm, double lr, bool side_by_side, double fp32_before) {
     const double t0 = now();
     const auto d = doctor(lr, side_by_side);
-    arm.seconds = std::min(arm.seconds, now() - t0);
+    const double seconds = now() - t0;
+    arm.ratios.push_back(seconds / std::min(fp32_before, time_fp32()));
     arm.verdict = mixtrain::diagnose::to_string(d.verdict) +
                   (d.verdict == mixtrain::diagnose::Verdict::kHealthy
                        ? std::string()
                        : d.proven_fix ? ", proven: " + d.trials[*d.proven_fix].fix.str() : ", nothing proven");
     arm.trials = d.trials.size();
-    arm.side_by_side = d.evidence.side_by_side;
+    arm.side_by_side += d.evidence.side_by_side;
+    arm.head_starts += !d.trials.empty() && d.trials[0].head_start;
   };
-  for (int round = 0; round < 3; ++round) {
-    double t0 = now();
-    auto one = from_pretrained();
-    one->fit_one_cycle(kEpochs, 2e-4);
-    fp32_s = std::min(fp32_s, now() - t0);
-    t0 = now();
-    auto pure = from_pretrained();  // the run under diagnosis, alone: the doctor runs it once per trial too
+  constexpr int kRounds = 7;
+  for (int round = 0; round < kRounds; ++round) {
+    double before = time_fp32();
+    const double t0 = now();
+    auto pure = from_pretrained();  // the run under diagnosis, alone
     pure->set_precision(mixtrain::Precision::kBf16Pure);
     pure->fit_one_cycle(kEpochs, 2e-4);
-    pure_s = std::min(pure_s, now() - t0);
+    pure_ratios.push_back((now() - t0) / std::min(before, time_fp32()));
     for (int way = 0; way < 2; ++way) {
-      time_doctor(cured[way], 2e-4, way == 0);
-      time_doctor(healthy[way], 1e-3, way == 0);
+      time_doctor(cured[way], 2e-4, way == 0, fp32_runs.back());
+      time_doctor(healthy[way], 1e-3, way == 0, fp32_runs.back());
     }
   }
-  std::printf("one fp32 training run (%lld epochs, 4096 samples, %d threads): %.2f s\n", static_cast<long long>(kEpochs),
-              at::get_num_threads(), fp32_s);
-  std::printf("one bf16-pure training run (the run under diagnosis): %.2f s = %.2fx one fp32 run\n", pure_s,
-              pure_s / fp32_s);
-  // In turn, the doctor's floor is 1 + (1 + trials) x the mixed run's cost; side by side
-  // the first two overlap.
+  std::sort(fp32_runs.begin(), fp32_runs.end());
+  std::sort(pure_ratios.begin(), pure_ratios.end());
+  std::printf("one fp32 training run (%lld epochs, 4096 samples, %d threads): %.3f s (median of %zu)\n",
+              static_cast<long long>(kEpochs), at::get_num_threads(), fp32_runs[fp32_runs.size() / 2], fp32_runs.size());
+  std::printf("one bf16-pure training run (the run under diagnosis): %.2fx one fp32 run\n", pure_ratios[kRounds / 2]);
   for (int way = 0; way < 2; ++way) {
-    const char* how = way == 0 ? (cured[0].side_by_side ? "baseline beside the run" : "baseline beside the run NOT TAKEN")
-                               : "in turn";
-    std::printf("doctor, lr 2e-4, %s (%s; %zu trial(s)): %.2f s = %.2fx one fp32 run (goal <= 3.0x)\n", how,
-                cured[way].verdict.c_str(), cured[way].trials, cured[way].seconds, cured[way].seconds / fp32_s);
-    std::printf("doctor, lr 1e-3, %s (%s): %.2f s = %.2fx one fp32 run (goal <= 2.2x)\n", how, healthy[way].verdict.c_str(),
-                healthy[way].seconds, healthy[way].seconds / fp32_s);
+    const std::string how =
+        way == 0 ? "baseline beside the run (" + std::to_string(cured[0].side_by_side) + "/" + std::to_string(kRounds) +
+                       " side by side, first trial started early in " + std::to_string(cured[0].head_starts) + ")"
+                 : std::string("in turn");
+    std::printf("doctor, lr 2e-4, %s (%s; %zu trial(s)): %.2fx one fp32 run (goal <= 3.0x)\n", how.c_str(),
+                cured[way].verdict.c_str(), cured[way].trials, cured[way].median());
+    std::printf("doctor, lr 1e-3, %s (%s): %.2fx one fp32 run (goal <= 2.2x)\n", way == 0 ? "side by side" : "in turn",
+                healthy[way].verdict.c_str(), healthy[way].median());
   }
-  std::printf("side by side / in turn: %.2f (lr 2e-4), %.2f (lr 1e-3)\n", cured[0].seconds / cured[1].seconds,
-              healthy[0].seconds / healthy[1].seconds);
   return 0;
 }

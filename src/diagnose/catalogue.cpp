@@ -469,6 +469,19 @@ const std::vector<VerdictEntry>& catalogue() {
   return kCatalogue;
 }
 
+std::optional<HeadStart> head_start(const CompareOptions& o) {
+  if (o.max_trials() <= 0 || !o.apply_setting()) return std::nullopt;
+  if (o.precision() != Precision::kBf16Pure || o.precision_options().weight_update() != amp::WeightUpdate::kNearest)
+    return std::nullopt;
+  // updates_round_away's first condition: a quarter of the updates lost. Its second, less
+  // progress than fp32, often shows only late in a schedule (the low-lr end loses most).
+  const auto losing_updates = [](const RunEvidence& run) {
+    return run.lost && !run.lost->keeps_dropped && run.lost->intended > 0 && run.lost->fraction >= kLostUpdatesProblem;
+  };
+  // Its first fix never depends on the evidence (islands, which do, go after it).
+  return HeadStart{Verdict::kLostUpdates, lost_updates_trials(Diagnosis{}, o).front(), losing_updates};
+}
+
 const VerdictEntry& entry(Verdict verdict) {
   for (const auto& e : catalogue())
     if (e.verdict == verdict) return e;

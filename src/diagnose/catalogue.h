@@ -62,6 +62,21 @@ const std::vector<VerdictEntry>& catalogue();
 /// The entry of `verdict`.
 const VerdictEntry& entry(Verdict verdict);
 
+/// A trial worth starting before the verdict is known: the first fix `verdict` tries,
+/// whatever the evidence says. compare() starts it on the thread the fp32 baseline left
+/// free once `likely` holds for the run under diagnosis so far, and keeps it if the
+/// verdict agrees (a start the verdict does not take only used a core that was idle).
+struct HeadStart {
+  Verdict verdict;
+  Fix fix;
+  /// The verdict's first condition, on the run's steps so far.
+  bool (*likely)(const RunEvidence& run_so_far) = nullptr;
+};
+/// The head start the run `o` describes can take: lost_updates' stochastic rounding for
+/// bf16-pure rounding to nearest (the one verdict whose first trial needs no evidence);
+/// none for any other run, or when `o` runs no trials.
+std::optional<HeadStart> head_start(const CompareOptions& o);
+
 /// The loss both runs are compared on: validation when both have one, else train.
 std::pair<double, double> compared_losses(const RunEvidence& a, const RunEvidence& b);
 /// "12 of 40 steps skipped (30%; per epoch: ...); loss scale 1.6e+07 -> 256 (...)".

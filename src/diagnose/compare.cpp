@@ -24,11 +24,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <unordered_set>
 
@@ -189,50 +191,234 @@ class StopWhenTheOtherArmFails : public Callback {
   const std::atomic<bool>* other_failed_;
 };
 
-/// Trains `beside` on a second thread while this thread trains `here`, each on half the
-/// intra-op threads, from the seed just set; then puts the thread count back. An error in
-/// either arm stops the other after its batch and is rethrown (this thread's first).
+bool same_settings(const std::vector<Setting>& a, const std::vector<Setting>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const Setting& x, const Setting& y) { return x.key == y.key && x.value == y.value; });
+}
+
+/// The fixes `d`'s verdict would try, cheapest first (none when `o` runs no trials).
+std::vector<Fix> trial_queue(const Diagnosis& d, const CompareOptions& o) {
+  const detail::TrialsFor trials = detail::entry(d.verdict).trials;
+  if (o.max_trials() <= 0 || !o.apply_setting() || !trials) return {};
+  return trials(d, o);
+}
+
+/// The first trial of the verdict the run points to, started before the verdict: on this
+/// thread, once the fp32 baseline has ended while the run under diagnosis still trains on
+/// the other. When that run ends, the trial goes on with every thread if the verdict's
+/// first trial is this one; else it stops at its next batch and is dropped. Its learner
+/// is built before the pair trains: a factory draws initial weights from torch's global
+/// generator, which nothing may move while the pair trains (compare() checks it did not).
+/// It trains on this thread, not a third: libgomp throttles its spin-waiting once more
+/// threads wait than there are CPUs, and a second thread's OpenMP team then ran a small
+/// model's steps 3x slower than this thread's (2 cores, measured).
+class HeadStartTrial {
+ public:
+  /// Whether the verdict, the run under diagnosis having ended, tries this trial first.
+  using Keep = std::function<bool()>;
+
+  HeadStartTrial(detail::HeadStart what, MixedRun run, std::unique_ptr<Learner> learn, CompareOptions o)
+      : what_(std::move(what)), run_(std::move(run)), learn_(std::move(learn)), o_(std::move(o)) {
+    // Its lines would interleave with the run under diagnosis's.
+    if (const auto progress = learn_->get_cb<callbacks::ProgressCallback>()) learn_->remove_cb(progress);
+  }
+
+  const detail::HeadStart& what() const { return what_; }
+
+  /// Trains it here on `threads` intra-op threads while the run under diagnosis trains;
+  /// once `run_ended` is set, `end_run()` (which joins that run's thread) and `keep()`
+  /// decide whether it goes on, on `all_threads`, or stops.
+  void train(int threads, int all_threads, const std::atomic<bool>& run_ended, const std::function<void()>& end_run,
+             const Keep& keep) {
+    const auto control = std::make_shared<Control>(all_threads, run_ended, end_run, keep);
+    learn_->add_cb(control);
+    at::set_num_threads(threads);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      fit(*learn_, o_, /*seed=*/false);  // the generator stands where the pair's seed left it
+    } catch (...) {  // its own failure, reported when it is adopted as a trial
+      error_ = std::current_exception();
+    }
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    learn_->remove_cb(control);
+    at::set_num_threads(all_threads);
+    if (!control->decided()) {  // it ended before the run under diagnosis did
+      end_run();
+      kept_ = keep();
+    } else {
+      kept_ = control->kept();
+    }
+  }
+  /// What it measured, as a trial runner returns it, or its error; nothing when it was not
+  /// kept (never started, or stopped).
+  std::optional<RunEvidence> result() {
+    if (!kept_) return std::nullopt;
+    if (error_) std::rethrow_exception(error_);
+    return summarize_run(*learn_, precision_name(run_.precision));
+  }
+  bool kept() const { return kept_; }
+  double seconds() const { return seconds_; }
+
+ private:
+  /// Between its batches: once the run under diagnosis has ended, go on on every
+  /// thread, or stop.
+  class Control : public Callback {
+   public:
+    Control(int all_threads, const std::atomic<bool>& run_ended, std::function<void()> end_run, Keep keep)
+        : all_threads_(all_threads), run_ended_(run_ended), end_run_(std::move(end_run)), keep_(std::move(keep)) {
+      order = 100;
+    }
+    std::string name() const override { return "HeadStartControl"; }
+    void before_batch(Learner&) override {
+      if (decided_ || !run_ended_.load(std::memory_order_acquire)) return;
+      decided_ = true;
+      end_run_();
+      kept_ = keep_();
+      if (!kept_) throw CancelFitException();
+      at::set_num_threads(all_threads_);
+    }
+    bool decided() const { return decided_; }
+    bool kept() const { return kept_; }
+
+   private:
+    int all_threads_;
+    const std::atomic<bool>& run_ended_;
+    std::function<void()> end_run_;
+    Keep keep_;
+    bool decided_ = false, kept_ = false;
+  };
+
+  detail::HeadStart what_;
+  MixedRun run_;
+  std::unique_ptr<Learner> learn_;
+  CompareOptions o_;
+  std::exception_ptr error_;
+  bool kept_ = false;
+  double seconds_ = 0;
+};
+
+/// What the run under diagnosis answers once the baseline beside it has ended.
+enum class HeadStartCall { kPending, kStart, kNo };
+
+/// On the run under diagnosis, once the baseline has ended: asks the head start whether
+/// the run so far is likely to get its verdict (HeadStart::likely), every kEvery batches
+/// until it is, and answers through `call`; the baseline's thread waits for a yes, or for
+/// the run's end.
+class AskAboutTheHeadStart : public Callback {
+ public:
+  AskAboutTheHeadStart(const std::atomic<bool>* baseline_done, const detail::HeadStart* head,
+                       std::atomic<HeadStartCall>* call)
+      : baseline_done_(baseline_done), head_(head), call_(call) {
+    order = 100;  // after the Recorder and the precision callback have counted the step
+  }
+  std::string name() const override { return "AskAboutTheHeadStart"; }
+  void after_batch(Learner& learn) override {
+    if (call_->load() != HeadStartCall::kPending || !learn.training() || !baseline_done_->load(std::memory_order_acquire))
+      return;
+    if (batches_++ % kEvery != 0) return;
+    if (head_->likely(summarize_steps(learn, 0, precision_name(learn.precision())))) call_->store(HeadStartCall::kStart);
+  }
+
+ private:
+  /// A question reduces every parameter once (the lost-update report): about 0.15 ms on
+  /// doctor_bench's MLP, under a tenth of one of its steps on one thread.
+  static constexpr int64_t kEvery = 4;
+  int64_t batches_ = 0;
+  const std::atomic<bool>* baseline_done_;
+  const detail::HeadStart* head_;
+  std::atomic<HeadStartCall>* call_;
+};
+
+/// Trains `baseline` on this thread while a second thread trains `run` (the run under
+/// diagnosis), each on half the intra-op threads, from the seed just set; then puts the
+/// thread count back. An error in either arm stops the other after its batch and is
+/// rethrown (the run's first). When `head` is given and the baseline ends first, the
+/// run is asked whether it is likely to get the head start's verdict; if so the head start
+/// trains on this thread, and `keep` (called once `run` has ended) decides whether it goes on.
 /// Returns false, having trained both, when the global generator moved after all (a draw
 /// the probe forward did not make): the pair must train again, in turn.
-bool fit_side_by_side(Learner& beside, Learner& here, const CompareOptions& o) {
+bool fit_side_by_side(Learner& baseline, Learner& run, const CompareOptions& o, HeadStartTrial* head,
+                      const HeadStartTrial::Keep& keep) {
   const int threads = at::get_num_threads();
   const int half = threads / 2;
-  std::atomic<bool> beside_failed{false}, here_failed{false};
-  const auto stop_beside = std::make_shared<StopWhenTheOtherArmFails>(&here_failed);
-  const auto stop_here = std::make_shared<StopWhenTheOtherArmFails>(&beside_failed);
-  beside.add_cb(stop_beside);
-  here.add_cb(stop_here);
+  std::atomic<bool> baseline_failed{false}, run_failed{false}, baseline_done{false}, run_ended{false};
+  std::atomic<HeadStartCall> call{head ? HeadStartCall::kPending : HeadStartCall::kNo};
+  const auto stop_baseline = std::make_shared<StopWhenTheOtherArmFails>(&run_failed);
+  const auto stop_run = std::make_shared<StopWhenTheOtherArmFails>(&baseline_failed);
+  baseline.add_cb(stop_baseline);
+  run.add_cb(stop_run);
+  const CallbackPtr ask =
+      head ? std::make_shared<AskAboutTheHeadStart>(&baseline_done, &head->what(), &call) : nullptr;
+  if (ask) run.add_cb(ask);
   // Only the run under diagnosis shows its progress: two arms' lines would interleave.
-  const auto progress = beside.get_cb<callbacks::ProgressCallback>();
-  if (progress) beside.remove_cb(progress);
+  const auto progress = baseline.get_cb<callbacks::ProgressCallback>();
+  if (progress) baseline.remove_cb(progress);
   torch::manual_seed(o.seed());
   const torch::Tensor seeded = at::detail::getDefaultCPUGenerator().get_state();
-  std::exception_ptr beside_error, here_error;
+  std::exception_ptr baseline_error, run_error;
   at::set_num_threads(threads - half);
   std::thread worker([&] {
     // Each thread has its own OpenMP thread count; this one's starts from torch's default.
     at::init_num_threads();
     at::set_num_threads(half);
     try {
-      fit(beside, o, /*seed=*/false);
+      fit(run, o, /*seed=*/false);
     } catch (...) {
-      beside_error = std::current_exception();
-      beside_failed = true;
+      run_error = std::current_exception();
+      run_failed = true;
     }
+    HeadStartCall unasked = HeadStartCall::kPending;  // the run ended before it answered
+    call.compare_exchange_strong(unasked, HeadStartCall::kNo);
+    run_ended.store(true, std::memory_order_release);
   });
+  // Whatever this thread throws, the run stops after its batch and is waited for.
+  struct JoinOnExit {
+    std::thread& worker;
+    std::atomic<bool>& stop;
+    ~JoinOnExit() {
+      if (!worker.joinable()) return;
+      stop = true;
+      worker.join();
+    }
+  } join_on_exit{worker, baseline_failed};
   try {
-    fit(here, o, /*seed=*/false);
+    fit(baseline, o, /*seed=*/false);
   } catch (...) {
-    here_error = std::current_exception();
-    here_failed = true;
+    baseline_error = std::current_exception();
+    baseline_failed = true;
   }
-  worker.join();
+  baseline_done.store(true, std::memory_order_release);
+  // This thread waits on the run's; the front end's stop check goes on meanwhile.
+  const auto wait_until = [&](const auto& done) {
+    for (int i = 1; !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (i % 20 == 0 && o.while_waiting()) o.while_waiting()();
+    }
+  };
+  bool joined = false;
+  const auto end_run = [&] {
+    if (joined) return;
+    wait_until([&] { return run_ended.load(std::memory_order_acquire); });
+    worker.join();
+    joined = true;
+  };
+  if (head && !baseline_error) {
+    // The run answers at its next batch (or by ending).
+    wait_until([&] { return call.load() != HeadStartCall::kPending; });
+    const HeadStartCall answer = call.load();
+    // Nothing printed here: the run's progress lines are being written on the other thread.
+    // Kept only from a sound pair: the run did not fail, and nothing drew from the generator.
+    const auto sound = [&] { return !run_error && torch::equal(at::detail::getDefaultCPUGenerator().get_state(), seeded); };
+    if (answer == HeadStartCall::kStart) head->train(half, threads, run_ended, end_run, [&] { return sound() && keep(); });
+  }
+  end_run();
   at::set_num_threads(threads);
-  beside.remove_cb(stop_beside);
-  here.remove_cb(stop_here);
-  if (progress) beside.add_cb(progress);
-  if (here_error) std::rethrow_exception(here_error);
-  if (beside_error) std::rethrow_exception(beside_error);
+  baseline.remove_cb(stop_baseline);
+  run.remove_cb(stop_run);
+  if (ask) run.remove_cb(ask);
+  if (progress) baseline.add_cb(progress);
+  if (run_error) std::rethrow_exception(run_error);
+  if (baseline_error) std::rethrow_exception(baseline_error);
   return torch::equal(at::detail::getDefaultCPUGenerator().get_state(), seeded);
 }
 
@@ -250,10 +436,16 @@ std::string first_overflow_island(Learner& learn) {
 
 /// The mixed run again with `c`'s settings, judged against the baseline by the
 /// verdict's rules (finite losses, skips, the gap; no traces: what the trial itself did decides).
-Trial run_trial(const TrialRunner& runner, const CompareOptions& o, const Evidence& measured, const Fix& c,
-                std::string* next_overflow) {
+/// The mixed run as fix `c`'s settings make it.
+MixedRun run_with(const CompareOptions& o, const Fix& c) {
   MixedRun t{o.precision(), o.precision_options(), 0};
   for (const auto& st : c.settings) o.apply_setting()(st, t);
+  return t;
+}
+
+Trial run_trial(const TrialRunner& runner, const CompareOptions& o, const Evidence& measured, const Fix& c,
+                std::string* next_overflow) {
+  const MixedRun t = run_with(o, c);
   const auto start = std::chrono::steady_clock::now();
   Trial r;
   r.fix = c.fix;
@@ -326,18 +518,33 @@ void report_progress(const Diagnosis& d, const CompareOptions& o) {
   o.on_progress()(now);
 }
 
-void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o) {
-  const detail::TrialsFor trials = detail::entry(d.verdict).trials;
-  if (o.max_trials() <= 0 || !o.apply_setting() || !trials) return;
-  std::vector<Fix> queue = trials(d, o);
+/// Runs the verdict's trials, cheapest first, until one is proven that no waiting fix
+/// could beat or the budget ends. A head start the verdict kept is its first trial.
+void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o, HeadStartTrial* head = nullptr) {
+  std::vector<Fix> queue = trial_queue(d, o);
+  const bool adopt = head && head->kept() && !queue.empty() && same_settings(queue[0].settings, head->what().fix.settings);
+  bool head_trained = false;
+  const TrialRunner head_runner = [&](const MixedRun& t, std::string* next_overflow) {
+    if (std::optional<RunEvidence> r = head->result()) {
+      head_trained = true;
+      return *r;
+    }
+    return runner(t, next_overflow);
+  };
   // Islands grow while a trial still overflows elsewhere, up to the trial budget.
   for (size_t i = 0; i < queue.size() && static_cast<int64_t>(d.trials.size()) < o.max_trials(); ++i) {
     const Fix c = queue[i];
     const bool island = !c.settings.empty() && c.settings[0].key == "keep_fp32";
     std::string next;
-    std::cout << "doctor: trial " << d.trials.size() + 1 << ": " << c.fix.str() << std::endl;
+    const bool early = adopt && i == 0;
+    std::cout << "doctor: trial " << d.trials.size() + 1 << ": " << c.fix.str()
+              << (early ? " (trained before the verdict, after the fp32 baseline)" : "") << std::endl;
     try {
-      d.trials.push_back(run_trial(runner, o, d.evidence, c, island ? &next : nullptr));
+      d.trials.push_back(run_trial(early ? head_runner : runner, o, d.evidence, c, island ? &next : nullptr));
+      if (early && head_trained) {
+        d.trials.back().seconds = head->seconds();
+        d.trials.back().head_start = true;
+      }
     } catch (const callbacks::StopRequested&) {  // the user's stop is not a failed trial
       throw;
     } catch (const std::exception& e) {  // a fix this model cannot take: the trial failed, and says why
@@ -432,6 +639,19 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     learn->set_precision(o.precision(), o.precision_options());
     return learn;
   };
+  // A trial as the factory builds it, from the same weights: seeded as the runs were.
+  const auto make_trial_learner = [&](const MixedRun& t) {
+    torch::manual_seed(o.seed());
+    std::unique_ptr<Learner> learn = make_learner();
+    {
+      const auto state = learn->model().state_tensors();
+      for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
+    }
+    learn->set_precision(t.precision, t.options);
+    if (t.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(t.clip));
+    return learn;
+  };
+  std::unique_ptr<HeadStartTrial> head;
   std::unique_ptr<Learner> mixed;
   std::optional<OverflowTrace> trace_start;
   // bf16 has fp32's exponent range: there is no fp16 overflow to trace.
@@ -442,10 +662,31 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     mixed = make_mixed();
     if (!share_tensors(*baseline, *mixed)) {
       trace_start_of(*mixed);
+      // Built now, before the seed the pair trains from (a factory draws initial weights).
+      if (const std::optional<detail::HeadStart> h = detail::head_start(o)) {
+        const MixedRun t = run_with(o, h->fix);
+        std::unique_ptr<Learner> learn = make_trial_learner(t);
+        if (!share_tensors(*learn, *mixed) && !share_tensors(*learn, *baseline))
+          head = std::make_unique<HeadStartTrial>(*h, t, std::move(learn), o);
+      }
       std::cout << "doctor: the fp32 baseline trains beside the " << precision_name(o.precision()) << " run, "
                 << at::get_num_threads() / 2 << " thread(s) each" << std::endl;
-      ev.side_by_side = fit_side_by_side(*baseline, *mixed, o);
+      // Once the run has ended (a head start still training): the verdict, handed to the
+      // caller as it would be before any trial (bf16-pure only, whose evidence has no
+      // overflow trace), and whether it tries the head start first.
+      const HeadStartTrial::Keep keep = [&] {
+        Evidence e = ev;
+        e.fp32 = summarize_run(*baseline, "fp32");
+        e.mixed = summarize_run(*mixed, precision_name(o.precision()));
+        e.side_by_side = true;
+        const Diagnosis verdict = decide(std::move(e));
+        report_progress(verdict, o);
+        const std::vector<Fix> queue = trial_queue(verdict, o);
+        return !queue.empty() && same_settings(queue.front().settings, head->what().fix.settings);
+      };
+      ev.side_by_side = fit_side_by_side(*baseline, *mixed, o, head.get(), keep);
       if (!ev.side_by_side) {  // a draw the probe did not see: the pair trains again, in turn
+        head.reset();
         std::cout << "doctor: the model drew random numbers while training; both runs train again, in turn" << std::endl;
         torch::manual_seed(o.seed());
         baseline = make_learner();
@@ -477,19 +718,12 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   Diagnosis d = decide(std::move(ev));
   report_progress(d, o);  // the verdict is kept before any trial can die or be stopped
   const TrialRunner from_scratch = [&](const MixedRun& t, std::string* next_overflow) {
-    torch::manual_seed(o.seed());
-    std::unique_ptr<Learner> learn = make_learner();
-    {
-      const auto state = learn->model().state_tensors();
-      for (size_t i = 0; i < state.size() && i < initial.size(); ++i) state[i].copy_(initial[i]);
-    }
-    learn->set_precision(t.precision, t.options);
-    if (t.clip > 0) learn->add_cb(std::make_shared<callbacks::GradientClip>(t.clip));
+    std::unique_ptr<Learner> learn = make_trial_learner(t);
     if (next_overflow) *next_overflow = first_overflow_island(*learn);
     fit(*learn, o);
     return summarize_run(*learn, precision_name(t.precision));
   };
-  try_fixes(d, from_scratch, o);
+  try_fixes(d, from_scratch, o, head.get());
   return d;
 }
 

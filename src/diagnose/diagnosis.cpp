@@ -187,6 +187,7 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
                           {"skipped", t.skipped},
                           {"gap_percent", t.gap_percent ? nlohmann::json(*t.gap_percent) : nlohmann::json(nullptr)},
                           {"seconds", t.seconds},
+                          {"head_start", t.head_start},
                           {"bytes_per_param", json_number(t.run.bytes_per_param)},
                           {"verdict", to_string(t.verdict)},
                           {"error", t.error.empty() ? nlohmann::json(nullptr) : nlohmann::json(t.error)},

@@ -553,6 +553,9 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
                                        .apply_setting(apply_setting)
                                        .seed(r.seed)
                                        .side_by_side(true)  // build_learner's Learners share nothing
+                                       .while_waiting([&stop] {
+                                         if (stop.poll && stop.requested && stop.poll()) stop.requested->store(true);
+                                       })
                                        .on_progress(keep));
   } catch (const callbacks::StopRequested&) {
     if (!known) throw;  // stopped before the verdict: nothing to keep

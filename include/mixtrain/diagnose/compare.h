@@ -67,11 +67,21 @@ struct CompareOptions {
   /// turn). Only where that changes no result: the model draws no random numbers while
   /// it trains (no dropout), the two models share no tensors and no data-parallel group
   /// is attached. Each arm then computes exactly what it would alone on half the
-  /// threads; Evidence::side_by_side says whether it happened. Off unless asked: the
+  /// threads; Evidence::side_by_side says whether it happened. When the baseline ends
+  /// first and the run so far is likely to get a verdict whose first trial needs no
+  /// evidence (bf16-pure rounding to nearest that lost a quarter of its updates:
+  /// lost_updates, whose first trial is stochastic rounding), that trial starts on the
+  /// baseline's threads; it goes on with every thread if the verdict agrees, else stops
+  /// (Trial::head_start). Off unless asked: the
   /// baseline's callbacks then run on another thread, and a factory's callbacks that
-  /// share state between the two Learners would race. run::doctor (the CLI, Python)
+  /// share state between the Learners would race. run::doctor (the CLI, Python)
   /// asks: its Learners share nothing.
   TORCH_ARG(bool, side_by_side) = false;
+  /// Called every few milliseconds on the calling thread while it waits for the run under
+  /// diagnosis on the second (side by side): where a front end checks for a stop that only
+  /// its main thread can see (Python's signal handlers), and raises the flag the run's
+  /// callbacks stop on.
+  TORCH_ARG(std::function<void()>, while_waiting) = nullptr;
 
   /// 0.1.0's fields, now those of precision_options(); removed in 0.3.0.
   [[deprecated("use precision_options(PrecisionOptions().scaler(...))")]] CompareOptions& scaler(amp::GradScalerOptions s) {

@@ -130,6 +130,9 @@ struct Trial {
   int64_t skipped = 0;            ///< optimizer steps skipped
   std::optional<double> gap_percent;  ///< its loss against fp32's, as the verdict's gap
   double seconds = 0;
+  /// Trained before the verdict, once the run so far pointed to it, on the threads the
+  /// fp32 baseline left free beside the run under diagnosis (CompareOptions::side_by_side).
+  bool head_start = false;
   Verdict verdict = Verdict::kHealthy;  ///< what the rules say of it (healthy: proven)
   std::string error;                     ///< non-empty: the trial could not run, and why
   bool proven() const { return error.empty() && verdict == Verdict::kHealthy; }
