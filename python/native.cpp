@@ -24,6 +24,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -112,8 +113,20 @@ torch::jit::Module copy_of(const torch::jit::Module& script) {
   }
   const auto originals = script.named_parameters();
   auto o = originals.begin();
+  // clone() copies each parameter slot on its own: a tensor two modules share (tied weights,
+  // a language model's embedding and head) would come back as two, trained apart. Each slot
+  // that shares an earlier one's tensor in the original gets the copy's tensor of that slot.
+  std::unordered_map<const void*, at::Tensor> copied;  // the original's tensor -> the copy's
   for (const auto& p : copy.named_parameters()) {
     p.value.requires_grad_((*o).value.requires_grad());
+    const auto [first, inserted] = copied.emplace((*o).value.unsafeGetTensorImpl(), p.value);
+    if (!inserted && first->second.unsafeGetTensorImpl() != p.value.unsafeGetTensorImpl()) {
+      torch::jit::Module owner = copy;
+      std::string name = p.name;
+      for (size_t dot; (dot = name.find('.')) != std::string::npos; name = name.substr(dot + 1))
+        owner = owner.attr(name.substr(0, dot)).toModule();
+      owner.setattr(name, first->second);
+    }
     ++o;
   }
   return copy;
@@ -161,6 +174,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
     if (!o || !o->takes(c) || o->hidden || (!o->keyword && !branch_key))
       throw py::type_error(std::string(run::command_name(c)) + "() got an unexpected keyword argument '" + key + "'");
     o->set(args, text);  // an OptionError: ValueError, in Python's words
+    args.given.push_back(key);  // given, even at its default: doctor(from_run=) refuses it then too
   }
   args.out = out;
   args.report_files = keep_files;

@@ -11,7 +11,13 @@
 
 #include <ATen/ATen.h>
 
+#include <dlfcn.h>
+
+#include <c10/core/CPUAllocator.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <regex>
 #include <fstream>
 #include <string>
 
@@ -110,6 +116,41 @@ int set_torch_min_log_level(int level) {
   FLAGS_caffe2_log_level = level;
 #endif
   return previous;
+}
+
+std::string built_torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+std::string torch_version_in(const std::string& version_py) {
+  static const std::regex pattern(R"(__version__\s*=\s*['"]([0-9]+\.[0-9]+\.[0-9]+))");
+  std::smatch m;
+  return std::regex_search(version_py, m, pattern) ? m[1].str() : "";
+}
+
+std::string loaded_torch_version(std::string* where) {
+  // The shared object that holds one of c10's functions: .../torch/lib/libc10.so in a wheel.
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&c10::GetCPUAllocator), &info) == 0 || !info.dli_fname) return "";
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path torch_dir = fs::weakly_canonical(info.dli_fname, ec).parent_path().parent_path();
+  const fs::path version_py = torch_dir / "version.py";
+  if (ec || !fs::is_regular_file(version_py, ec) || fs::file_size(version_py, ec) > (1 << 16)) return "";
+  std::ifstream f(version_py);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (where) *where = torch_dir.string();
+  return torch_version_in(text);
+}
+
+std::string torch_mismatch() {
+  std::string where;
+  const std::string loaded = loaded_torch_version(&where), built = built_torch_version();
+  if (loaded.empty() || loaded == built) return "";
+  return "mixtrain was built against torch " + built + ", but it loaded torch " + loaded + " (" + where +
+         "): reinstall mixtrain against this torch (pip install --no-build-isolation --force-reinstall mixtrain's "
+         "source), or install torch==" + built;
 }
 
 } // namespace mixtrain::compat

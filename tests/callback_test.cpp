@@ -5,6 +5,7 @@
 #include <mixtrain/mixtrain.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -211,6 +212,40 @@ TEST_F(CallbackTest, CallbacksCanReplaceBatchPredAndLoss) {
   learn2.add_cb(std::make_shared<Override>());
   learn2.fit(1);
   EXPECT_DOUBLE_EQ(learn2.recorder().steps().back().loss, 7.0);
+}
+
+// A NaN/inf loss shows in its own step and does not stay in the smoothed loss for the
+// rest of the run (every later epoch's train_loss was inf); a branch (train --from in
+// another precision) starts the smoothing and the skip count again, and both survive a
+// checkpoint.
+TEST(RecorderRowsTest, ANonFiniteLossAndABranchStartTheSmoothedLossAgain) {
+  using namespace mixtrain;
+  auto dls = data::DataLoaders::from_split({test::blobs(64), test::blobs(32)}, 16, 1);  // 4 steps an epoch
+  Learner learn(torch::nn::Linear(4, 3), dls, cross_entropy(), LearnerOptions().progress(false));
+  struct InfAtStep : Callback {
+    InfAtStep() { order = 40; }  // before the Recorder
+    void after_loss(Learner& l) override {
+      // inf as the value, the real loss's gradient: the weights stay finite.
+      if (l.training() && l.train_iter() == 1) l.loss() = l.loss() + (torch::tensor(INFINITY) - l.loss()).detach();
+    }
+  };
+  learn.fit(2, 1e-2, {std::make_shared<InfAtStep>()});
+  const auto& steps = learn.recorder().steps();
+  ASSERT_EQ(steps.size(), 8u);
+  EXPECT_TRUE(std::isinf(steps[1].smooth_loss));
+  EXPECT_DOUBLE_EQ(steps[2].smooth_loss, steps[2].loss);  // the smoothing starts again (debiased: the loss itself)
+  for (size_t i = 2; i < steps.size(); ++i) EXPECT_TRUE(std::isfinite(steps[i].smooth_loss)) << i;
+  for (const auto& e : learn.recorder().values()) EXPECT_TRUE(std::isfinite(e.train_loss)) << e.epoch;
+  EXPECT_EQ(learn.recorder().branch_step(), 0);
+
+  learn.recorder().start_branch();
+  const std::string saved = learn.save_to_memory();
+  learn.fit(1, 1e-2);
+  EXPECT_EQ(learn.recorder().branch_step(), 8);
+  EXPECT_DOUBLE_EQ(learn.recorder().steps()[8].smooth_loss, learn.recorder().steps()[8].loss);
+  EXPECT_EQ(learn.recorder().own_skipped_steps(), 0);
+  learn.load_from_memory(saved.data(), saved.size());
+  EXPECT_EQ(learn.recorder().branch_step(), 8) << "the branch step did not survive the checkpoint";
 }
 
 } // namespace

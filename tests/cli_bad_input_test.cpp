@@ -238,6 +238,31 @@ TEST(CliBadInputTest, AFullDiskSaysWhatIsIntactAndHowToGoOn) {
   EXPECT_TRUE(fs::exists(out + "/model.pt"));
 }
 
+// A state_dict (or a module pickled by torch.save) given as --model is said to be one, with
+// what to pass instead, not reported as a damaged TorchScript file.
+TEST(CliBadInputTest, AStateDictGivenAsTheModelIsSaidToBeOne) {
+  for (const std::string file : {"mlp_state_dict.pt", "mlp_pickled.pt"}) {
+    SCOPED_TRACE(file);
+    test::expect_usage_error("train" + mlp_on("data.pt", file) + " --epochs 1 --out " + test::scratch_dir("state_dict_model"),
+                             "is a torch.save'd file (a state_dict or a pickled module), not TorchScript");
+  }
+}
+
+// The charts are written last, after model.pt and the finished mark: a chart that cannot be
+// written says the run is whole, and does not send the user to a resume that is refused.
+TEST(CliBadInputTest, AChartThatCannotBeWrittenSaysTheRunIsWhole) {
+  const std::string out = test::scratch_dir("chart_blocked");
+  fs::create_directories(out + "/loss.svg");  // a folder where the chart goes: its rename fails
+  const auto r = run_cli("train" + mlp_on("data.pt") + " --epochs 1 --out " + out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "after the run finished: model.pt and its logs are written, only its charts"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "resume")) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_TRUE(fs::exists(out + "/model.pt"));
+  EXPECT_TRUE(fs::exists(out + "/finished"));
+}
+
 TEST(CliBadInputTest, FlagsGivenTwiceOrEmptyAreSaidInOurWords) {
   test::expect_usage_error("train --bs 5 --bs 7", "--bs is given more than once; give it once");
   test::expect_usage_error("train --bs", "--bs needs a value");

@@ -31,6 +31,11 @@ inline std::string slurp(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
 /// `wrap` goes before the CLI's path on the shell line: "timeout 5 ", or
 /// "trap '' XFSZ; exec prlimit --fsize=N " (a full disk, as far as the run sees).
 inline CliResult run_cli(const std::string& args, const std::string& wrap = "") {

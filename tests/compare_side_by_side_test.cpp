@@ -231,7 +231,8 @@ diagnose::CompareOptions lost_updates_options() {
       .precision(Precision::kBf16Pure)
       .max_trials(2)
       .apply_setting(run::apply_setting)
-      .side_by_side(true);
+      .side_by_side(true)
+      .head_start(true);
 }
 
 struct Doctored {
@@ -239,7 +240,8 @@ struct Doctored {
   std::string out;  ///< what it printed
 };
 
-Doctored doctor_on(int threads, const std::function<void(Learner&, int)>& on_build, bool side_by_side = true) {
+Doctored doctor_on(int threads, const std::function<void(Learner&, int)>& on_build, bool side_by_side = true,
+                   bool head_start = true) {
   const auto baseline_ended = std::make_shared<std::atomic<bool>>(false);
   const auto hooks = [baseline_ended, on_build](Learner& learn, int index) {
     baseline_ends_first(learn, index, baseline_ended);
@@ -247,7 +249,9 @@ Doctored doctor_on(int threads, const std::function<void(Learner&, int)>& on_bui
   };
   torch::set_num_threads(threads);
   ::testing::internal::CaptureStdout();
-  Doctored r{diagnose::compare(lost_updates_factory(hooks), lost_updates_options().side_by_side(side_by_side)), ""};
+  Doctored r{diagnose::compare(lost_updates_factory(hooks),
+                               lost_updates_options().side_by_side(side_by_side).head_start(head_start)),
+             ""};
   r.out = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(torch::get_num_threads(), threads) << "the thread count was not put back";
   torch::set_num_threads(1);
@@ -305,6 +309,29 @@ TEST_F(CompareSideBySideTest, AHeadStartTheVerdictAgreesWithIsItsFirstTrialBitFo
     expect_same_trials(beside.d, trials_in_turn.d);
     ASSERT_TRUE(beside.d.proven_fix);
     EXPECT_TRUE(nlohmann::json::parse(beside.d.to_json()).at("trials").at(0).at("head_start").get<bool>());
+  }
+}
+
+// By default there is no head start: the trials train after the pair, on every thread,
+// and two doctors of the same run on the same thread count give bitwise the same
+// numbers, on both bf16 paths (with the head start the switch from half the threads to
+// all fell wherever the run ended, and the CPU's bf16 kernels round by thread count).
+TEST_F(CompareSideBySideTest, ByDefaultTwoDoctorsOfOneRunGiveBitwiseTheSameTrials) {
+  const bool by_default = diagnose::CompareOptions().head_start();
+  EXPECT_FALSE(by_default);
+  EXPECT_FALSE(run::RunArgs().head_start);
+  for (const char* real_bf16 : {"0", "1"}) {
+    SCOPED_TRACE(std::string("MIXTRAIN_CPU_BF16=") + real_bf16);
+    ::setenv("MIXTRAIN_CPU_BF16", real_bf16, 1);
+    const auto nothing = [](Learner&, int) {};
+    const Doctored first = doctor_on(2, nothing, /*side_by_side=*/true, by_default);
+    const Doctored second = doctor_on(2, nothing, /*side_by_side=*/true, by_default);
+    ::unsetenv("MIXTRAIN_CPU_BF16");
+    ASSERT_EQ(first.d.verdict, diagnose::Verdict::kLostUpdates) << first.d.report();
+    ASSERT_FALSE(first.d.trials.empty()) << first.d.report();
+    EXPECT_FALSE(first.d.trials[0].head_start);
+    expect_same_pair_evidence(first.d, second.d);
+    expect_same_trials(first.d, second.d);
   }
 }
 

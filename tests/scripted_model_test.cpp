@@ -240,7 +240,7 @@ TEST(ModelFileTest, ABuiltInModelRoundTripsAndPredicts) {
   EXPECT_TRUE(torch::equal(predict(cnn, {x}, 4), predict(loaded, {x}, 4)));
   EXPECT_TRUE(torch::allclose(predict(cnn, {x}, 3), predict(loaded, {x}, 10), 1e-5, 1e-6));
   EXPECT_THROW_WITH(save_model(cnn, path), "needs its built-in name");
-  EXPECT_THROW_WITH(load_model(exported_file("state_dict.pt")), "is not a TorchScript file");
+  EXPECT_THROW_WITH(load_model(exported_file("state_dict.pt")), "is a torch.save'd file (a state_dict or a pickled module), not TorchScript");
 }
 
 TEST(BuiltinModelsTest, TheTransformerIsCausalAndTheResnetClassifies) {
@@ -584,7 +584,7 @@ TEST(ScriptedCliTest, BadModelsAndDataAreOneLineErrors) {
   const auto train = [&](const std::string& model, const std::string& data, const std::string& more = "") {
     return "train --model " + exported_file(model) + " --data " + exported_file(data) + more + out;
   };
-  expect_usage_error(train("state_dict.pt", "stripes_data.pt"), "state_dict.pt is not a TorchScript file");
+  expect_usage_error(train("state_dict.pt", "stripes_data.pt"), "state_dict.pt is a torch.save'd file (a state_dict or a pickled module), not TorchScript");
   expect_usage_error(train("scripted_conv.pt", "no_y.pt"), "has no 'y' (it needs 'x' and 'y'");
   expect_usage_error(train("scripted_conv.pt", "short_y.pt"), "x has 768 samples but y has 100");
   expect_usage_error(train("scripted_conv.pt", "y_not_tensor.pt"), "'y' is a list, not a tensor");

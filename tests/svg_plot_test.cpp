@@ -52,6 +52,38 @@ TEST(SvgPlotTest, Log2AxisTicksArePowersOfTwoAndMarkersAreDrawn) {
   EXPECT_EQ(count(svg, "<circle") - 1, 1);  // one skip marker (+1 legend marker)
 }
 
+// A long legend label widens the chart rather than running past its edge (a trial's
+// "trial 1: round the update stochastically (...)" was cut after 28 characters).
+TEST(SvgPlotTest, ALongLegendWidensTheChartInsteadOfBeingCut) {
+  const std::string label(90, 'x');
+  const std::string svg = line_plot_svg({{label, {0, 1}, {1, 2}, "#000"}}, {"T", "x", "y", false});
+  const std::smatch m = [&] {
+    std::smatch r;
+    std::regex_search(svg, r, std::regex("width=\"([0-9]+)\""));
+    return r;
+  }();
+  const double width = std::stod(m[1]);
+  std::smatch text;
+  ASSERT_TRUE(std::regex_search(svg, text, std::regex("<text x=\"([0-9.]+)\" y=\"[0-9.]+\" font-size=\"12\">x{90}<")));
+  EXPECT_GE(width, std::stod(text[1]) + 90 * 6.5) << "the legend runs past the chart's right edge";
+  EXPECT_EQ(line_plot_svg({{"short", {0, 1}, {1, 2}, "#000"}}, {"T", "x", "y", false}).rfind("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"880\"", 0),
+            0u) << "a short legend keeps the default width";
+}
+
+// A loss that spans four decades gets a log axis where asked for; a narrower one does not.
+TEST(SvgPlotTest, FourDecadesOfLossGetALogAxis) {
+  PlotOptions o{"Loss", "step", "loss"};
+  o.log10_y_when_wide = true;
+  const std::string wide = line_plot_svg({{"loss", {0, 1, 2, 3}, {2000, 50, 1, 0.1}, "#000"}}, o);
+  EXPECT_NE(wide.find(">1e3<"), std::string::npos);
+  EXPECT_NE(wide.find(">1e-1<"), std::string::npos);
+  EXPECT_NE(wide.find("loss (log scale)"), std::string::npos);
+  const std::string narrow = line_plot_svg({{"loss", {0, 1, 2, 3}, {20, 5, 1, 0.1}, "#000"}}, o);
+  EXPECT_EQ(narrow.find("log scale"), std::string::npos);
+  o.log10_y_when_wide = false;
+  EXPECT_EQ(line_plot_svg({{"loss", {0, 1, 2, 3}, {2000, 50, 1, 0.1}, "#000"}}, o).find("log scale"), std::string::npos);
+}
+
 TEST(SvgPlotTest, EmptyPlotSaysNoData) {
   const std::string svg = line_plot_svg({}, {"Nothing", "x", "y", false});
   EXPECT_NE(svg.find("no data"), std::string::npos);
@@ -98,6 +130,13 @@ using namespace mixtrain::diagnose;
     ++guides;
   EXPECT_EQ(guides, 2u);  // 3 epochs: 2 boundaries
   EXPECT_NE(svg.find("final gap -0.04%"), std::string::npos) << svg.substr(0, 600);
+  // A proven trial lies on the fp32 line: dashed, it leaves fp32 visible.
+  Trial t;
+  t.fix = Phrase("round the update stochastically: unbiased, no extra memory");
+  t.run = run("bf16-pure", 0.5);
+  const std::string with_trial = loss_curves_svg(e, {t});
+  EXPECT_EQ(count(with_trial, "stroke-dasharray=\"6,4\""), count(svg, "stroke-dasharray=\"6,4\"") + 1);
+  EXPECT_NE(with_trial.find("no extra memory (proven), dashed<"), std::string::npos);
 }
 
 } // namespace

@@ -8,6 +8,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <memory>
+#include <string>
 
 namespace at { class Tensor; }
 namespace torch::optim { class Optimizer; class OptimizerParamState; }
@@ -44,5 +45,18 @@ void move_optimizer_state(torch::optim::Optimizer& from, const at::Tensor& from_
 /// 2 error, 3 fatal) and returns the previous one: glog's minloglevel where
 /// libtorch was built to log through glog, c10's caffe2_log_level otherwise.
 int set_torch_min_log_level(int level);
+
+/// The torch version mixtrain was compiled against ("2.13.0").
+std::string built_torch_version();
+/// The version of the torch whose libc10 this process loaded, read from the `version.py`
+/// a pip-installed torch keeps beside its lib/ folder ("2.14.1", without "+cpu"); "" where
+/// that cannot be told (a plain libtorch download). `where` gets the torch folder.
+std::string loaded_torch_version(std::string* where = nullptr);
+/// The version in a torch `version.py`'s text (`__version__ = '2.13.0+cpu'` gives "2.13.0"); "" if none.
+std::string torch_version_in(const std::string& version_py);
+/// One line saying the loaded torch is not the one mixtrain was built against, or "" when
+/// it is (or cannot be told). Checked where a front end starts: a torch upgraded under a
+/// pip-installed mixtrain otherwise dies mid-run with an undefined symbol (exit 127).
+std::string torch_mismatch();
 
 } // namespace mixtrain::compat

@@ -33,7 +33,13 @@ def _check_torch():
     """The torch this Python imports must be the one _native was built against: another
     minor version breaks its symbols, another C++ ABI its strings, another CUDA build
     its kernels. Said in one line, before loading _native fails less clearly."""
-    from . import _build_info as built
+    try:
+        from . import _build_info as built
+    except ImportError:
+        # The source folder (python/mixtrain) holds no build: its _build_info and _native are
+        # written by the build. Said so, not as a circular import.
+        raise ImportError("this mixtrain is the source folder %s, which holds no build: import the built package "
+                          "(pip install ., or PYTHONPATH=BUILD_DIR/python after make)" % os.path.dirname(__file__)) from None
     import sys
     now = (torch.__version__.split("+")[0], bool(torch._C._GLIBCXX_USE_CXX11_ABI), torch.version.cuda or None)
     then = (built.TORCH_VERSION, built.CXX11_ABI, built.CUDA)
@@ -46,6 +52,11 @@ def _check_torch():
 
 _check_torch()
 from . import _native  # noqa: E402 (after the check)
+from . import _build_info as _built  # noqa: E402
+
+# As the wheel names itself: 0.2.0+torch2.13.0.cpu (python/build_support/torch_pin.py).
+__version__ = "%s+torch%s.%s" % (_built.VERSION, _built.TORCH_VERSION,
+                                 "cu" + _built.CUDA.replace(".", "") if _built.CUDA else "cpu")
 
 __all__ = ["doctor", "train", "lr_find", "Diagnosis", "Result", "LrFind", "MixtrainWarning"]
 
@@ -220,6 +231,16 @@ def _stacked(samples, what):
     return xs, y
 
 
+def _samples_in(item):
+    """How many samples an (x, y) item holds: a batch's y is 1-d or more, a sample's a
+    0-d tensor or a number (a list of (x_i, y_i) samples is a dataset too)."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        y = _as_tensor(item[1])
+        if y is not None and y.dim() > 0:
+            return len(y)
+    return 1
+
+
 def _drawn(data, what, max_samples, seed):
     """(xs, y) from what the user holds: (x, y) tensors or numpy arrays, a map-style
     Dataset (at most max_samples drawn once, in an order seeded by `seed`), or an
@@ -245,7 +266,7 @@ def _drawn(data, what, max_samples, seed):
             torch.manual_seed(seed)  # a shuffling DataLoader draws its order from torch's generator
             for batch in data:
                 batches.append(batch)
-                count += len(batch[1]) if isinstance(batch, (tuple, list)) and len(batch) == 2 and hasattr(batch[1], "__len__") else 1
+                count += _samples_in(batch)
                 if count >= max_samples:
                     break
         xs, y = _stacked(batches, what)
@@ -305,8 +326,12 @@ def _scripted(model, xs, y, loss):
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     example = tuple(t[:2] for t in xs) + ((y[:2],) if _native.loss_takes_targets(loss) else ())
     was_training = model.training
+    # Tracing runs the forward once on the caller's module: BatchNorm's running statistics
+    # (and any buffer the forward writes) are put back, and a dropout's draws come from a
+    # forked generator, so the caller's model and random state are as they were.
+    buffers = [(m, n, b.detach().clone()) for m in model.modules() for n, b in m._buffers.items() if b is not None]
     try:
-        with warnings.catch_warnings(), _quiet_torchscript():
+        with warnings.catch_warnings(), _quiet_torchscript(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             traced = torch.jit.trace(model, example, check_trace=False)
     except Exception as trace_error:
@@ -317,6 +342,10 @@ def _scripted(model, xs, y, loss):
                             why, how[0] if how else type(trace_error).__name__)) from None
     finally:
         model.train(was_training)
+        with torch.no_grad():
+            for m, n, saved in buffers:
+                if m._buffers.get(n) is not None and m._buffers[n].shape == saved.shape:
+                    m._buffers[n].copy_(saved)
     python_calls = _python_calls(traced)
     if python_calls:
         raise TypeError("the model's forward calls Python (%s, e.g. a custom torch.autograd.Function): TorchScript "
@@ -387,7 +416,9 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
         raise ValueError("data has %d sample%s: too few to keep 20%% for validation; pass more, or valid=(x, y)" %
                          (len(y), "" if len(y) == 1 else "s"))
     _check_model(model)
-    if out is not None and os.path.exists(os.path.join(os.fspath(out), "args.json")) and settings.get("force") != "true":
+    # realpath: "old/q/.." (no q yet) is the folder "old" once created, and holds its run.
+    if out is not None and os.path.exists(os.path.join(os.path.realpath(os.fspath(out)), "args.json")) and \
+            settings.get("force") != "true":
         raise ValueError("out=%r holds a run already; pass another folder, or force=True to start over there" % (
             os.fspath(out),))
     stored = _stored_dtype(model)
@@ -397,18 +428,16 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
                          "(autocast), or model.to(torch.bfloat16) for precision=\"bf16-pure\"")
     if stored == torch.bfloat16:
         # The user's pure-bf16 setup: bf16 weights and optimizer state, no fp32 copy.
-        if "precision" not in options or options["precision"] is None:
+        if (options.get("precision") is None) and "from_run" not in settings:  # a branch keeps the run's mode
             settings["precision"] = "bf16-pure"
             print("mixtrain: notice: the model's parameters are bf16: %s it as bf16-pure (bf16 weights, gradients and "
                   "optimizer state, no fp32 copy); pass precision= to choose another mode" %
                   ("diagnosing" if command == "doctor" else "training"))
-        model.float()  # bf16 values in fp32 storage while mixtrain runs it (exact both ways)
     islands = _kept_in_fp32(model) if stored is None else []
-    dtypes = [(p, p.dtype) for p in model.parameters()] if islands else []
     if islands:
         # Hugging Face's shape of a bf16 model (_keep_in_fp32_modules): bf16 weights, a few
         # modules (norms) kept fp32. That is bf16-pure with those modules as fp32 islands.
-        if options.get("precision") is None:
+        if options.get("precision") is None and "from_run" not in settings:
             settings["precision"] = "bf16-pure"
             if options.get("keep_fp32") is None:
                 settings["keep_fp32"] = ",".join(islands)
@@ -417,7 +446,9 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
                   "to choose another mode" % (len(islands), "" if len(islands) == 1 else "s", ", ".join(islands),
                                                "diagnosing" if command == "doctor" else "training",
                                                settings["keep_fp32"].split(",")))
-        model.float()  # every value exact in fp32 storage while mixtrain runs it
+    # bf16 values in fp32 storage while mixtrain runs it (exact both ways); each parameter and
+    # buffer gets its own dtype back afterwards.
+    storage = _Fp32Storage(model) if stored == torch.bfloat16 or islands else None
     precision = settings.get("precision", rows["precision"]["default"])
     loss = options.get("loss") or rows["loss"]["default"]
     run = _Run(out)
@@ -437,12 +468,38 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
     finally:
         torch.set_num_threads(threads)  # the run sets its own; the caller's process gets its count back
         torch.set_rng_state(rng)
-        if stored == torch.bfloat16 and (command != "train" or precision == "bf16-pure"):
-            model.to(torch.bfloat16)  # bf16 values throughout: given back as it came, exactly
-        if dtypes and (command != "train" or precision == "bf16-pure"):
-            with torch.no_grad():
-                for p, dtype in dtypes:  # bf16 weights and fp32 islands, as they came
+        if storage is not None:
+            # Parameters as they came, but where train() handed back fp32 weights (said so);
+            # buffers always as they came.
+            storage.restore(parameters=command != "train" or precision == "bf16-pure")
+
+
+class _Fp32Storage:
+    """The model's floating parameters and buffers that are not fp32, held in fp32 storage
+    while mixtrain runs it (model.float() would lose which were which: a bf16 model's fp32
+    buffer came back bf16, rounded, and a bf16 buffer beside fp32 islands came back fp32)."""
+
+    def __init__(self, model):
+        self.params, seen = [], set()
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != torch.float32 and id(p) not in seen:
+                seen.add(id(p))
+                self.params.append((p, p.dtype))
+        self.buffers = [(m, n, b.dtype) for m in model.modules() for n, b in m._buffers.items()
+                        if b is not None and b.is_floating_point() and b.dtype != torch.float32]
+        with torch.no_grad():
+            for p, _ in self.params:
+                p.data = p.data.float()
+            for m, n, _ in self.buffers:
+                m._buffers[n] = m._buffers[n].float()
+
+    def restore(self, parameters=True):
+        with torch.no_grad():
+            if parameters:
+                for p, dtype in self.params:
                     p.data = p.data.to(dtype)
+            for m, n, dtype in self.buffers:
+                m._buffers[n] = m._buffers[n].to(dtype)
 
 
 def _say_what_is_handed_back(stored, precision):
@@ -662,10 +719,15 @@ def _loop_window(data, steps, bs):
         raise ValueError("data must be (x, y) tensors or an iterable of (x, y) batches (a DataLoader) for steps=; got %s" %
                          type(data).__name__)
     batches = []
-    for batch in data:
-        batches.append(batch)
-        if len(batches) == steps:
-            break
+    # A shuffling DataLoader draws its order from torch's generator, which is the caller's too.
+    with torch.random.fork_rng(devices=[]):
+        for batch in data:
+            batches.append(batch)
+            if len(batches) == steps:
+                break
+    if hasattr(data, "__next__"):  # an iterator (where the loop stands), not a re-iterable DataLoader
+        print("mixtrain: notice: the doctor read the next %d batch%s of your data iterator: your loop goes on after "
+              "them" % (len(batches), "" if len(batches) == 1 else "es"))
     if len(batches) < steps:
         raise ValueError("data gave %d batch%s: too few for steps=%d" % (len(batches), "" if len(batches) == 1 else "es",
                                                                        steps))
@@ -687,11 +749,14 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
         if (model is None) != (data is None):
             raise ValueError("doctor(from_run=...) takes the run's model and data together (a run trained from Python), "
                              "or neither (a run the CLI trained, whose folder names them)")
+        if not os.fspath(from_run):
+            raise ValueError("from_run= is empty: give the run folder to branch from")
         extra = {"from_run": os.fspath(from_run)}
-        for key, value in (("at", at), ("window", window)):
+        for key, value, least in (("at", at, 0), ("window", window, 1)):
             if value is not None:
-                if not _is_integer(value):
-                    raise ValueError("invalid %s=%r: an integer" % (key, value))
+                if not _is_integer(value) or value < least:
+                    raise ValueError("invalid %s=%r: an integer >= %d%s" % (
+                        key, value, least, " (a training step; None picks one)" if key == "at" else ""))
                 extra[key] = str(int(value))
         if model is None:
             _, settings = _settings("doctor", options)
@@ -719,7 +784,8 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
         raise ValueError("a training loop's state takes optimizer= and steps= (scaler= with a GradScaler)")
     if not _is_integer(steps) or steps < 8:
         raise ValueError("invalid steps=%r: an integer >= 8 (the comparison needs at least 8 steps)" % (steps,))
-    for key in ("lr", "epochs", "bs"):
+    tensors = isinstance(data, (tuple, list)) and len(data) == 2 and _as_tensor(data[1]) is not None
+    for key in ("lr", "epochs") + (() if tensors else ("bs",)):
         if key in options:
             raise ValueError("%s= comes from the training loop (the optimizer's lr, one window of steps= batches of "
                              "data's size); drop it" % key)
@@ -730,6 +796,10 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
     if scaler is not None and (not hasattr(scaler, "get_scale") or scaler.is_enabled()):
         if not hasattr(scaler, "get_scale"):
             raise ValueError("scaler is a %s, not a torch.amp.GradScaler" % type(scaler).__name__)
+        if not (0 < float(scaler.get_scale()) < float("inf")):
+            raise ValueError("the GradScaler's scale is %r: a loss scale is a finite number > 0 (a scaler whose scale "
+                             "grew past fp32's range has gone wrong before the doctor: pass a fresh "
+                             "torch.amp.GradScaler, or one loaded from a checkpoint before it)" % float(scaler.get_scale()))
         if options.get("precision") not in (None, "fp16"):
             raise ValueError("scaler= is fp16's GradScaler, but precision=%r" % (options["precision"],))
         extra = {"precision": "fp16", "init_scale": repr(float(scaler.get_scale())),
@@ -738,6 +808,9 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
                  "growth_interval": str(int(scaler.get_growth_interval()))}
     rows, settings = _settings("doctor", options)
     bs = int(settings.get("bs", rows["bs"]["default"]))
+    if tensors and "bs" not in settings:
+        print("mixtrain: notice: data= is (x, y) tensors: the window is steps=%d batches of bs=%d (the default); pass "
+              "bs= to give your loop's batch size" % (int(steps), bs))
     xs, y, bs = _loop_window(data, int(steps), bs)
     extra["bs"] = str(bs)
     native, script, how, run = _call("doctor", model, None, valid, out, options, max_samples, extra=extra,
@@ -782,7 +855,9 @@ _BRANCH_HELP = [
     "optimizer, scaler, steps: branch from where your own training loop stands: the model's weights, the state of "
     "optimizer (torch.optim.AdamW, Adam or SGD: moments, step counts, momentum buffers, its lr and weight decay) and "
     "a GradScaler's scale (fp16). The window is the next `steps` batches of data (an iterator continues where your "
-    "loop is), at the optimizer's lr, in fp32 and in the loop's precision (bf16 weights: bf16-pure; a scaler: fp16). "
+    "loop is, and the doctor uses up those `steps` batches of it: your loop goes on after them; a DataLoader is "
+    "iterated afresh, its shuffle drawn without moving your random state; (x, y) tensors are cut into batches of "
+    "bs), at the optimizer's lr, in fp32 and in the loop's precision (bf16 weights: bf16-pure; a scaler: fp16). "
     "Without valid, each arm is validated on the window's samples.",
     "from_run, at, window: branch from a run folder's checkpoint (the CLI's doctor --from RUN --at STEP --window N); "
     "pass the model and data again for a run trained from Python.", ""]

@@ -52,13 +52,19 @@ void SummaryWriter::after_fit(Learner& learn) {
   j["steps"] = rec.steps().size();
   j["host_reads_per_step"] = json_number(steps_ > 0 ? static_cast<double>(step_reads_) / static_cast<double>(steps_) : NAN);
   // Loss-scale outcome: how many steps were skipped, where the scale ended and its low point.
+  // A branch (train --from) counts its own steps: the parent's are the parent's summary.
   double final_scale = NAN, min_scale = NAN;
-  for (const auto& s : rec.steps()) {
+  for (size_t i = static_cast<size_t>(rec.branch_step()); i < rec.steps().size(); ++i) {
+    const StepRecord& s = rec.steps()[i];
     if (!std::isfinite(s.scale)) continue;
     final_scale = s.scale;
     min_scale = std::isfinite(min_scale) ? std::min(min_scale, s.scale) : s.scale;
   }
-  j["skipped_steps"] = rec.skipped_steps();
+  j["skipped_steps"] = rec.own_skipped_steps();
+  if (rec.branch_step() > 0) {
+    j["branched_at_step"] = rec.branch_step();
+    j["parent_skipped_steps"] = rec.skipped_steps() - rec.own_skipped_steps();
+  }
   j["final_scale"] = json_number(final_scale);
   j["min_scale_seen"] = json_number(min_scale);
   j["seconds"] = seconds;

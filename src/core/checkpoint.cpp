@@ -250,6 +250,10 @@ void Learner::open_checkpoint(const std::string& path, torch::serialize::InputAr
   open_archive(bytes.data(), bytes.size(), path, archive);
 }
 
+void Learner::open_checkpoint(const char* data, size_t size, const std::string& name, torch::serialize::InputArchive& archive) {
+  open_archive(data, size, name, archive);
+}
+
 void Learner::load(const std::string& path) {
   const std::string bytes = detail::read_whole_file(path, "checkpoint ");
   load_from_memory(bytes.data(), bytes.size(), path);

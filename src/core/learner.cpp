@@ -85,7 +85,16 @@ std::unordered_set<const void*> params_where(torch::nn::Module& model,
 } // namespace
 
 ParamGroups Learner::make_groups() {
-  ParamGroups groups = options_.splitter() ? options_.splitter()(model_.module()) : ParamGroups{model_.module().parameters()};
+  ParamGroups groups;
+  if (options_.splitter()) {
+    groups = options_.splitter()(model_.module());
+  } else {
+    // One group of every parameter, a tied one (two modules holding one tensor) once.
+    std::unordered_set<const void*> listed;
+    groups.emplace_back();
+    for (const auto& p : model_.module().parameters())
+      if (listed.insert(p.unsafeGetTensorImpl()).second) groups.back().push_back(p);
+  }
   TORCH_CHECK(!groups.empty(), "the splitter made no parameter groups");
   std::unordered_set<const void*> seen;
   for (size_t g = 0; g < groups.size(); ++g) {

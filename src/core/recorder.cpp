@@ -38,6 +38,7 @@ void Recorder::clear() {
   steps_.clear();
   epochs_.clear();
   last_validation_.clear();
+  branch_step_ = 0;
 }
 
 void Recorder::before_fit(Learner& learn) {
@@ -63,13 +64,21 @@ void Recorder::after_batch(Learner& learn) {
   if (!learn.loss().defined()) return;
   const double loss = learn.loss_value();
   if (learn.training()) {
-    smooth_value_ = kSmoothBeta * smooth_value_ + (1 - kSmoothBeta) * loss;
-    ++smooth_count_;
     StepRecord r;
     r.iter = static_cast<int64_t>(steps_.size());
     r.epoch = learn.epoch();
     r.loss = loss;
-    r.smooth_loss = smooth_value_ / (1 - std::pow(kSmoothBeta, static_cast<double>(smooth_count_)));
+    if (std::isfinite(loss)) {
+      smooth_value_ = kSmoothBeta * smooth_value_ + (1 - kSmoothBeta) * loss;
+      ++smooth_count_;
+      r.smooth_loss = smooth_value_ / (1 - std::pow(kSmoothBeta, static_cast<double>(smooth_count_)));
+    } else {
+      // A NaN/inf loss (a skipped fp16 step) would stay in the average for good: the step
+      // shows it, and the smoothing starts again after it.
+      r.smooth_loss = loss;
+      smooth_value_ = 0;
+      smooth_count_ = 0;
+    }
     r.lr = get_lr(learn.opt());
     r.mom = get_mom(learn.opt());
     r.scale = learn.step_info().scale;
@@ -130,6 +139,17 @@ void Recorder::record_epoch(Learner& learn) {
 
 int64_t Recorder::skipped_steps() const {
   return std::count_if(steps_.begin(), steps_.end(), [](const StepRecord& s) { return s.skipped; });
+}
+
+int64_t Recorder::own_skipped_steps() const {
+  const auto from = steps_.begin() + std::min<int64_t>(branch_step_, static_cast<int64_t>(steps_.size()));
+  return std::count_if(from, steps_.end(), [](const StepRecord& s) { return s.skipped; });
+}
+
+void Recorder::start_branch() {
+  branch_step_ = static_cast<int64_t>(steps_.size());
+  smooth_value_ = 0;
+  smooth_count_ = 0;
 }
 
 const std::vector<StepColumn>& step_columns() {
@@ -202,6 +222,7 @@ void Recorder::save_state(torch::serialize::OutputArchive& ar) const {
   detail::write_i64(ar, "smooth_count", smooth_count_);
   detail::write_i64(ar, "epoch_steps", epoch_steps_);
   detail::write_i64(ar, "epoch_samples", epoch_samples_);
+  detail::write_i64(ar, "branch_step", branch_step_);
 }
 
 void Recorder::load_state(torch::serialize::InputArchive& ar) {
@@ -231,6 +252,11 @@ void Recorder::load_state(torch::serialize::InputArchive& ar) {
   const int64_t smooth_count = detail::read_i64(ar, "smooth_count");
   const int64_t epoch_steps = detail::read_i64(ar, "epoch_steps");
   const int64_t epoch_samples = detail::read_i64(ar, "epoch_samples");
+  torch::Tensor branch_step;  // absent from checkpoints written before branches kept it: 0
+  const bool has_branch_step = ar.try_read("branch_step", branch_step);
+  TORCH_CHECK(!has_branch_step || (branch_step.numel() == 1 && branch_step.item<int64_t>() >= 0 &&
+                                   branch_step.item<int64_t>() <= static_cast<int64_t>(steps.size())),
+              "branch step is damaged");
   steps_ = std::move(steps);
   epochs_ = std::move(epochs);
   last_validation_ = last_validation;
@@ -238,6 +264,7 @@ void Recorder::load_state(torch::serialize::InputArchive& ar) {
   smooth_count_ = smooth_count;
   epoch_steps_ = epoch_steps;
   epoch_samples_ = epoch_samples;
+  branch_step_ = has_branch_step ? branch_step.item<int64_t>() : 0;
 }
 
 } // namespace mixtrain

@@ -284,7 +284,8 @@ std::string island_cost(const LostUpdateReport& lost) {
   const std::string size = bytes >= 1 << 20 ? short_number(bytes / (1 << 20), 3) + " MiB"
                            : bytes >= 1 << 10 ? short_number(bytes / (1 << 10), 3) + " KiB"
                                               : short_number(bytes, 3) + " bytes";
-  return std::to_string(lost.island_params) + " parameters (" + short_number(share, 2) + "% of the model), " + size + " more";
+  // Three digits: two wrote 100% as "1e+02%".
+  return std::to_string(lost.island_params) + " parameters (" + short_number(share, 3) + "% of the model), " + size + " more";
 }
 
 std::string joined(const std::vector<std::string>& names) {
@@ -293,25 +294,56 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
+/// How far each arm got from where both started. On the validation set where the evidence
+/// has it: the starting weights' validation loss (computed once, in fp32) to each arm's
+/// final one, the same fixed samples for both. Else on the training loss: the mean of each
+/// arm's first 5 batch losses to its end (last smoothed, or a window's last 5).
+struct Progress {
+  double base = std::numeric_limits<double>::quiet_NaN(), mixed = base;
+  double start = base;  ///< the starting validation loss (NaN: measured on the training loss)
+  std::string sentence;  ///< every number named: which loss, from where, to where
+  bool finite() const { return std::isfinite(base) && std::isfinite(mixed); }
+};
+
+Progress progress_of(const RuleInput& in) {
+  Progress p;
+  const double start = in.e.start_valid_loss;
+  if (std::isfinite(start) && std::isfinite(in.base->valid_loss) && std::isfinite(in.mixed->valid_loss)) {
+    p.base = start - in.base->valid_loss;
+    p.mixed = start - in.mixed->valid_loss;
+    p.start = start;
+    p.sentence = "on the validation loss, from the starting weights' " + short_number(start) + " (the same samples for "
+                 "both): " + in.mixed_name + " " + short_number(in.mixed->valid_loss) + ", fp32 " +
+                 short_number(in.base->valid_loss);
+    return p;
+  }
+  p.base = in.base->first_loss - in.base->final_loss;
+  p.mixed = in.mixed->first_loss - in.mixed->final_loss;
+  p.sentence = "on the training loss, the mean of the first 5 batches to the " +
+               std::string(in.e.branched ? "mean of the last 5" : "last smoothed value") + ": " + in.mixed_name + " " +
+               short_number(in.mixed->first_loss) + " -> " + short_number(in.mixed->final_loss) + ", fp32 " +
+               short_number(in.base->first_loss) + " -> " + short_number(in.base->final_loss);
+  return p;
+}
+
 // The share of updates rounded away is large, and the run made clearly less
-// progress from its starting loss than fp32 did (a fine-tune at a tiny lr moves
-// the loss little: the final losses alone would hide it).
+// progress than fp32 did (a fine-tune at a tiny lr moves the loss little: the final
+// losses alone would hide it, and its batch noise hides it in the training loss).
 std::optional<Ruling> updates_round_away(RuleInput& in) {
   if (!in.base || !in.mixed || !in.mixed->lost) return std::nullopt;
   const LostUpdateReport& lost = *in.mixed->lost;
   if (lost.intended == 0 || lost.fraction < kLostUpdatesProblem) return std::nullopt;
-  const double base_progress = in.base->first_loss - in.base->final_loss;
-  const double mixed_progress = in.mixed->first_loss - in.mixed->final_loss;
+  const Progress progress = progress_of(in);
   const bool gap_problem = in.gap && *in.gap > kGapPercentProblem;
-  const bool less_progress = std::isfinite(base_progress) && std::isfinite(mixed_progress) && base_progress > 0 &&
-                             mixed_progress < (1 - kGapPercentProblem / 100) * base_progress;
+  const bool material = !std::isfinite(progress.start) ||
+                        progress.base - progress.mixed > kProgressShortfallNoisePercent / 100 * std::abs(progress.start);
+  const bool less_progress = progress.finite() && progress.base > 0 &&
+                             progress.mixed < (1 - kGapPercentProblem / 100) * progress.base && material;
   if (!gap_problem && !less_progress) return std::nullopt;
   Ruling r;
-  if (base_progress > 0)
-    r.findings.push_back(in.mixed_name + " made " + short_number(100 * mixed_progress / base_progress, 3) +
-                         "% of fp32's progress from the starting loss (" + short_number(in.mixed->first_loss) + " -> " +
-                         short_number(in.mixed->final_loss) + "; fp32 " + short_number(in.base->first_loss) + " -> " +
-                         short_number(in.base->final_loss) + ")");
+  if (progress.finite() && progress.base > 0)
+    r.findings.push_back(in.mixed_name + " made " + short_number(100 * progress.mixed / progress.base, 3) +
+                         "% of fp32's progress " + progress.sentence);
   r.findings.push_back(pct(lost.fraction) + " of the weights' element updates rounded to no change (" + lost.rule +
                        " rounding); what rounding dropped is " + pct(lost.norm_ratio) + " of the intended update's norm");
   if (lost.fraction_per_epoch.size() > 1) {
@@ -438,9 +470,14 @@ std::optional<Ruling> trains_like_fp32(RuleInput& in) {
   // parameters that never moved (a fresh norm gain stays exactly 1.0 in bf16).
   if (in.mixed && in.mixed->lost && in.mixed->lost->intended > 0) {
     const LostUpdateReport& lost = *in.mixed->lost;
-    if (!lost.keeps_dropped && lost.fraction >= kLostUpdatesProblem)
+    if (!lost.keeps_dropped && lost.fraction >= kLostUpdatesProblem) {
+      const Progress progress = in.base ? progress_of(in) : Progress{};
       r.findings.push_back(pct(lost.fraction) + " of single weight updates rounded away in bf16, at no cost here: " +
-                           in.mixed_name + " made the progress fp32 made");
+                           in.mixed_name + " made " +
+                           (progress.finite() && progress.base > 0
+                                ? short_number(100 * progress.mixed / progress.base, 3) + "% of fp32's progress " + progress.sentence
+                                : std::string("the progress fp32 made")));
+    }
     std::vector<std::string> never;
     for (const auto& p : lost.worst)
       if (p.never_moved) never.push_back(p.name);

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -443,6 +444,14 @@ MixedRun run_with(const CompareOptions& o, const Fix& c) {
   return t;
 }
 
+/// The validation loss of `learn`'s weights as they are (fp32, before it trains): the one
+/// point both arms start from. NaN when there is no validation set.
+double start_valid_loss(Learner& learn) {
+  if (learn.dls().valid.num_batches() == 0) return std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> v = learn.validate();
+  return v.empty() ? std::numeric_limits<double>::quiet_NaN() : v[0];
+}
+
 Trial run_trial(const TrialRunner& runner, const CompareOptions& o, const Evidence& measured, const Fix& c,
                 std::string* next_overflow) {
   const MixedRun t = run_with(o, c);
@@ -456,6 +465,7 @@ Trial run_trial(const TrialRunner& runner, const CompareOptions& o, const Eviden
   e.fp32 = measured.fp32;
   e.mixed = r.run;
   e.branched = measured.branched;
+  e.start_valid_loss = measured.start_valid_loss;
   r.finite = r.run.scale.nonfinite_losses == 0 && std::isfinite(r.run.final_loss);
   r.skipped = r.run.scale.skipped;
   r.gap_percent = e.gap_percent();
@@ -627,6 +637,8 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   // The initial weights, so that the mixed run starts exactly where the baseline did.
   std::vector<torch::Tensor> initial;
   for (const auto& t : baseline->model().state_tensors()) initial.push_back(t.clone());
+  // Where both arms start, on the validation set: each arm's progress is measured from it.
+  ev.start_valid_loss = start_valid_loss(*baseline);
 
   // The run under diagnosis: a second model from the factory, from the same weights.
   const auto make_mixed = [&] {
@@ -663,7 +675,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     if (!share_tensors(*baseline, *mixed)) {
       trace_start_of(*mixed);
       // Built now, before the seed the pair trains from (a factory draws initial weights).
-      if (const std::optional<detail::HeadStart> h = detail::head_start(o)) {
+      if (const std::optional<detail::HeadStart> h = o.head_start() ? detail::head_start(o) : std::nullopt) {
         const MixedRun t = run_with(o, h->fix);
         std::unique_ptr<Learner> learn = make_trial_learner(t);
         if (!share_tensors(*learn, *mixed) && !share_tensors(*learn, *baseline))
@@ -784,6 +796,7 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
     std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
     TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
     ev.inputs = check_inputs(base->dls().train.dataset().x);
+    ev.start_valid_loss = start_valid_loss(*base);
     ev.fp32 = replay_window(*base, o, window, "fp32");
   }
   std::unique_ptr<Learner> mixed = at_branch(Arm::kRun, own);

@@ -41,8 +41,10 @@ void add_context(const detail::RuleInput& in, Verdict v, bool gap_said, std::vec
   if (!in.weak_baseline_healthy.empty() && v == Verdict::kHealthy) findings.push_back(in.weak_baseline_healthy);
   if (in.base && in.mixed && in.gap && !gap_said) {
     const auto [b, m] = compared_losses(*in.base, *in.mixed);
-    findings.push_back("final loss: fp32 " + short_number(b) + ", " + in.mixed_name + " " + short_number(m) + " (gap " +
-                       short_number(*in.gap, 3) + "%)");
+    // Which loss it is, by name: the validation loss when both runs have one, else the training loss.
+    const bool valid = std::isfinite(in.base->valid_loss) && std::isfinite(in.mixed->valid_loss);
+    findings.push_back(std::string(valid ? "final validation loss" : "final training loss") + ": fp32 " + short_number(b) +
+                       ", " + in.mixed_name + " " + short_number(m) + " (gap " + short_number(*in.gap, 3) + "%)");
   }
   if (in.mixed && in.mixed->scale.has_scale && v != Verdict::kGradientOverflow)
     findings.push_back(detail::scale_sentence(in.mixed->scale));
@@ -158,6 +160,7 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
   if (e.fp32) ev["fp32"] = run_json(*e.fp32);
   if (e.mixed) ev["mixed"] = run_json(*e.mixed);
   if (auto g = e.gap_percent()) ev["gap_percent"] = *g;
+  if (std::isfinite(e.start_valid_loss)) ev["start_valid_loss"] = e.start_valid_loss;
   if (e.trace_start) ev["overflow_trace_initial_weights"] = trace_json(*e.trace_start);
   if (e.trace_end) ev["overflow_trace_final_weights"] = trace_json(*e.trace_end);
   if (const OpFinding* f = first_overflow(e)) ev["first_overflow"] = finding_json(*f);

@@ -25,11 +25,13 @@ std::string loss_curves_svg(const Evidence& e, const std::vector<Trial>& trials)
   };
   if (e.fp32) add(*e.fp32, "#1f77b4", "#c6dbef", false);
   if (e.mixed) add(*e.mixed, "#ff7f0e", "#fdd0a2", true);
+  // Trials are dashed too: a proven one lies on the fp32 line and would hide it.
   static const char* kTrialColors[] = {"#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"};
   for (size_t i = 0; i < trials.size(); ++i)
-    series.push_back({"trial " + std::to_string(i + 1) + ": " + trials[i].fix.str() + (trials[i].proven() ? " (proven)" : ""),
+    series.push_back({"trial " + std::to_string(i + 1) + ": " + trials[i].fix.str() + (trials[i].proven() ? " (proven)" : "") +
+                          ", dashed",
                       steps_axis(trials[i].run.smooth_losses.size()), trials[i].run.smooth_losses, kTrialColors[i % 6], true,
-                      false, false});
+                      false, true});
   std::string title = "Training loss: fp32 vs " + (e.mixed ? e.mixed->precision : std::string("mixed precision"));
   if (auto gap = e.gap_percent()) {
     char buf[64];
@@ -37,6 +39,7 @@ std::string loss_curves_svg(const Evidence& e, const std::vector<Trial>& trials)
     title += buf;
   }
   PlotOptions o{title, "step (faint lines: per-batch loss; dotted: epoch boundaries)", "loss", false};
+  o.log10_y_when_wide = true;
   const RunEvidence* r = e.fp32 ? &*e.fp32 : e.mixed ? &*e.mixed : nullptr;
   if (r)
     for (size_t i = 1; i < r->epochs.size(); ++i)
@@ -99,6 +102,7 @@ std::string plot_loss(const Recorder& r) {
   if (!valid.x.empty()) series.push_back(valid);
   PlotOptions o{"Loss", "step (faint: per-batch loss; dotted: epoch boundaries)", "loss"};
   o.vlines = epoch_boundaries(r);
+  o.log10_y_when_wide = true;
   return line_plot_svg(series, o);
 }
 

@@ -257,11 +257,18 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
 
 } // namespace
 
-ScriptedSubmodule::ScriptedSubmodule(const torch::jit::Module& script) : python_class_(python_class_of(script)) {
+ScriptedSubmodule::ScriptedSubmodule(const torch::jit::Module& script)
+    : ScriptedSubmodule(script, std::make_shared<std::unordered_set<const void*>>()) {}
+
+ScriptedSubmodule::ScriptedSubmodule(const torch::jit::Module& script,
+                                     const std::shared_ptr<std::unordered_set<const void*>>& registered)
+    : python_class_(python_class_of(script)) {
   for (const auto& p : script.named_parameters(/*recurse=*/false))
-    register_parameter(p.name, p.value, p.value.requires_grad());
-  for (const auto& b : script.named_buffers(/*recurse=*/false)) register_buffer(b.name, b.value);
-  for (const auto& c : script.named_children()) register_module(c.name, std::make_shared<ScriptedSubmodule>(c.value));
+    if (registered->insert(p.value.unsafeGetTensorImpl()).second) register_parameter(p.name, p.value, p.value.requires_grad());
+  for (const auto& b : script.named_buffers(/*recurse=*/false))
+    if (registered->insert(b.value.unsafeGetTensorImpl()).second) register_buffer(b.name, b.value);
+  for (const auto& c : script.named_children())
+    register_module(c.name, std::make_shared<ScriptedSubmodule>(c.value, registered));
 }
 
 Model scripted_model(torch::jit::Module script, const std::string& output, bool computes_loss, const std::string& name) {
@@ -282,6 +289,24 @@ Model load_scripted_model(const std::string& path, const std::string& output, bo
   return scripted_model(parse_script(detail::read_whole_file(path, "model file "), path), output, computes_loss, path);
 }
 
+namespace {
+/// Whether `bytes` is a zip archive torch.save wrote: a pickle (data.pkl) and no TorchScript
+/// code or constants beside it.
+bool saved_by_torch_save(const std::string& bytes) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<detail::BoundedReader>(bytes));
+    bool pickle = false, code = false;
+    for (const auto& name : reader.getAllRecords()) {
+      pickle |= name == "data.pkl";
+      code |= name == "constants.pkl" || name.rfind("code/", 0) == 0;
+    }
+    return pickle && !code;
+  } catch (const std::exception&) {
+    return false;  // not a zip torch reads: the caller says what is wrong
+  }
+}
+} // namespace
+
 torch::jit::Module parse_script(const std::string& bytes, const std::string& path) {
   const std::string compressed = detail::first_compressed_storage_record(bytes.data(), bytes.size());
   TORCH_CHECK(compressed.empty(), path, " holds a compressed storage record (", compressed,
@@ -292,6 +317,10 @@ torch::jit::Module parse_script(const std::string& bytes, const std::string& pat
     detail::check_pickles_in(bytes.data(), bytes.size());
     script = torch::jit::load(reader);
   } catch (const c10::Error& e) {
+    TORCH_CHECK(!saved_by_torch_save(bytes), path, " is a torch.save'd file (a state_dict or a pickled module), not "
+                "TorchScript: mixtrain needs the model's code as well as its weights; load the weights into the model "
+                "and save it with torch.jit.script(model).save(path) (or torch.jit.trace), or from Python pass the "
+                "module itself (mixtrain.train(model, data))");
     TORCH_CHECK(false, path, " is not a TorchScript file (write one with torch.jit.script(model).save(path) ",
                 "or torch.jit.trace): ", detail::first_line(e.what()));
   } catch (const std::exception& e) {  // the unpickler throws more than c10::Error on damaged input

@@ -16,6 +16,8 @@
 #include "mixtrain/data/data.h"
 #include "mixtrain/parallel/distributed.h"
 
+#include "run/run_record.h"
+#include "util/read_file.h"
 #include "util/short_number.h"
 
 #include <nlohmann/json.hpp>
@@ -65,39 +67,108 @@ std::vector<std::string> split_keys(const std::string& joined) {
   return out;
 }
 
-/// The stateful callbacks a checkpoint holds state for.
-std::vector<std::string> saved_callback_keys(const std::string& checkpoint) {
+/// A checkpoint read once: every Learner built from it loads these bytes, so a run that is
+/// still training (and deletes its older checkpoints, --keep) cannot take the file away
+/// between two arms. The step is the checkpoint's own record, never its file name.
+struct BranchPoint {
+  std::string path;
+  std::string bytes;
+  int64_t step = -1;
+  std::vector<std::string> callback_keys;  // the stateful callbacks it holds state for
+};
+
+BranchPoint read_branch_point(const std::string& checkpoint) {
+  BranchPoint p;
+  p.path = checkpoint;
+  p.bytes = detail::read_whole_file(checkpoint, "checkpoint ");
   torch::serialize::InputArchive ar;
-  Learner::open_checkpoint(checkpoint, ar);
-  c10::IValue keys;
+  Learner::open_checkpoint(p.bytes.data(), p.bytes.size(), checkpoint, ar);
+  c10::IValue keys, step;
   TORCH_CHECK(ar.try_read("mixtrain.callbacks", keys) && keys.isString(), "Checkpoint ", checkpoint,
               " has no callback list (damaged, or not a mixtrain checkpoint)");
-  return split_keys(keys.toStringRef());
+  TORCH_CHECK(ar.try_read("learner.train_iter", step) && step.isTensor() && step.toTensor().numel() == 1, "Checkpoint ",
+              checkpoint, " records no training step (damaged, or not a mixtrain checkpoint)");
+  p.callback_keys = split_keys(keys.toStringRef());
+  p.step = step.toTensor().item<int64_t>();
+  // A renamed file would make every step the report names wrong (its window, its --at).
+  const std::string name = std::filesystem::path(checkpoint).filename().string();
+  const std::string own = "checkpoint-" + std::to_string(p.step) + ".pt";
+  TORCH_CHECK(name == own, "Checkpoint ", checkpoint, " holds step ", p.step, ", which its name does not say (renamed or copied "
+              "in?): the run writes it as ", own, "; put it back under that name");
+  return p;
 }
 
-/// Loads `checkpoint` into `learn` as a resume does, carrying the state of callbacks the
+/// read_branch_point of a checkpoint the branch chose itself (no --at): a damaged one
+/// names the older checkpoints that may be whole, as a resume does.
+BranchPoint read_chosen_point(const std::string& checkpoint, const std::vector<std::string>& checkpoints, bool chosen) {
+  try {
+    return read_branch_point(checkpoint);
+  } catch (const c10::Error& e) {
+    std::string older;
+    for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it)
+      if (step_of(*it) < step_of(checkpoint)) older += (older.empty() ? "" : ", ") + std::to_string(step_of(*it));
+    if (!chosen || older.empty()) throw;
+    const std::string what = e.msg();
+    throw OptionError("at", what.substr(0, what.find('\n')) + "; the older checkpoints (steps " + older +
+                                ") may be whole: pick one with " + Phrase::name("at"));
+  }
+}
+
+/// Loads a branch point into `learn` as a resume does, carrying the state of callbacks the
 /// Learner does not have (the run record, trackers) in sinks that go again afterwards.
-void load_branch_point(Learner& learn, const std::string& checkpoint) {
+void load_branch_point(Learner& learn, const BranchPoint& point) {
   std::vector<std::string> here;
   for (const auto& cb : learn.cbs())
     if (!cb->state_key().empty()) here.push_back(cb->state_key());
   std::vector<CallbackPtr> sinks;
-  for (const auto& key : saved_callback_keys(checkpoint))
+  for (const auto& key : point.callback_keys)
     if (std::find(here.begin(), here.end(), key) == here.end()) sinks.push_back(std::make_shared<StateSink>(key));
   for (const auto& s : sinks) learn.add_cb(s);
-  learn.load(checkpoint);
+  learn.load_from_memory(point.bytes.data(), point.bytes.size(), point.path);
   for (const auto& s : sinks) learn.remove_cb(s);
 }
 
+/// The run folder's args.json, and the files it names, are what `checkpoint` recorded it was
+/// trained with and on (as a resume checks): an edited lr, bs, seed, ranks, data or model,
+/// a data file replaced in place, or a checkpoint copied in from another run would make the
+/// branch another run, silently. Refused by name. A checkpoint of an older version records
+/// nothing to check.
+void check_recorded_run(const RunConfig& as_written, const std::string& checkpoint, const std::string& bytes,
+                        const std::string& cannot) {
+  const std::optional<Recorded> recorded = recorded_run(bytes, checkpoint);
+  if (!recorded) return;
+  const SameRunWords words{cannot, checkpoint + " was", Phrase::name("from_run") + " continues that run", ""};
+  check_same_run(recorded->config, as_written, words);
+  check_same_inputs(recorded->inputs, input_fingerprints(as_written), as_written, words);
+}
+
+/// The loss scale a branch goes on at: the run's, unless its last steps were all skipped
+/// (a scale that collapsed, backed off at every step, as before a NaN stop): then the scale
+/// those skipped steps started from, the last one that worked. `said` gets a sentence
+/// when it is not the run's own.
+double working_scale(const Recorder& rec, double current, std::string* said = nullptr) {
+  const auto& steps = rec.steps();
+  size_t streak = 0;
+  while (streak < steps.size() && steps[steps.size() - 1 - streak].skipped) ++streak;
+  if (streak < 2) return current;
+  const double before = steps[steps.size() - streak].scale;
+  if (!std::isfinite(before) || before <= current) return current;
+  if (said)
+    *said = "the run's loss scale had collapsed to " + short_number(current) + " over its last " + std::to_string(streak) +
+            " skipped steps: going on at " + short_number(before) + ", the scale before them";
+  return before;
+}
+
 /// A trial's or a new run's precision on a Learner restored in the run's own: to fp32,
-/// then the new mode. A scaler whose settings did not change goes on at the run's scale.
+/// then the new mode. A scaler whose settings did not change goes on at the run's scale
+/// (the one before a collapse: working_scale).
 void convert_precision(Learner& learn, Precision precision, PrecisionOptions options, double clip,
                        const PrecisionOptions& run_options) {
   const auto pc = learn.precision_cb();
   if (precision == Precision::kFp16 && pc && pc->loss_scaled() &&
       options.scaler().init_scale() == run_options.scaler().init_scale()) {
     amp::GradScalerOptions scaler = options.scaler();
-    scaler.init_scale(pc->loss_scale());
+    scaler.init_scale(working_scale(learn.recorder(), pc->loss_scale()));
     options.scaler(scaler);
   }
   learn.to_fp32();
@@ -135,9 +206,11 @@ std::vector<std::string> csv_fields(const std::string& line) {
 
 StepsCsv read_steps_csv(const std::string& path) {
   StepsCsv csv;
-  std::ifstream f(path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return csv;
+  std::istringstream f(detail::read_whole_file(path, "", detail::kMaxRunFileBytes));  // bounded; no FIFO, no device
   std::string line;
-  if (!f || !std::getline(f, line)) return csv;
+  if (!std::getline(f, line)) return csv;
   csv.header = csv_fields(line);
   while (std::getline(f, line))
     if (!line.empty()) csv.rows.push_back(csv_fields(line));
@@ -180,7 +253,11 @@ std::vector<std::string> run_record(const RunFolder& folder, const StepsCsv& csv
       std::string line = "epoch " + std::to_string(epoch) + ": " + std::to_string(rows.size()) + " steps, loss " +
                          csv.at(rows.front(), "loss") + " -> " + csv.at(rows.back(), "loss");
       if (std::isfinite(lo)) {
-        const std::string first = csv.at(rows.front(), "scale"), last = csv.at(rows.back(), "scale");
+        // The epoch's first and last recorded scales: a branch into bf16 records none after the parent's.
+        std::string first, last;
+        for (size_t i : rows)
+          if (const std::string v = csv.at(i, "scale"); !v.empty()) (first.empty() ? first : last) = v;
+        if (last.empty()) last = first;
         line += ", " + std::to_string(skipped) + " skipped, loss scale " + first + " -> " + last;
         if (lo < std::min(std::strtod(first.c_str(), nullptr), std::strtod(last.c_str(), nullptr)))
           line += " (lowest " + short_number(lo) + ")";
@@ -188,10 +265,11 @@ std::vector<std::string> run_record(const RunFolder& folder, const StepsCsv& csv
       out.push_back(line);
     }
   }
-  std::ifstream f(folder.file("summary.json"));
-  if (!f) return out;
+  std::error_code ec;
+  if (!std::filesystem::exists(folder.file("summary.json"), ec)) return out;
+  const std::string summary = detail::read_whole_file(folder.file("summary.json"), "", detail::kMaxRunFileBytes);
   try {
-    const nlohmann::json j = nlohmann::json::parse(f);
+    const nlohmann::json j = nlohmann::json::parse(summary);
     if (j.contains("lost_updates") && j["lost_updates"].is_object()) {
       const auto& l = j["lost_updates"];
       std::string line = "lost updates: " + short_number(100 * l.value("fraction", 0.0), 3) + "% of element updates rounded away (" +
@@ -216,6 +294,11 @@ void check_replay(diagnose::Replay& r, const diagnose::RunEvidence& mixed, const
     r.not_compared = csv.rows.empty() ? "the run has no steps.csv"
                                       : "the run recorded none of the window's steps (it recorded " +
                                             std::to_string(csv.rows.size()) + ")";
+    return;
+  }
+  // A replay "matches" only where a loss was compared: a steps.csv without the column proves nothing.
+  if (csv.column("loss") < 0 || mixed.losses.empty()) {
+    r.not_compared = csv.column("loss") < 0 ? "the run's steps.csv has no loss column" : "the replay recorded no step";
     return;
   }
   for (size_t k = 0; k < mixed.losses.size() && first + k < csv.rows.size(); ++k) {
@@ -261,6 +344,77 @@ bool weights_finite(Learner& learn) {
 
 } // namespace
 
+/// A branch doctor's on_progress: each diagnosis kept with its replay, whose `seconds` are
+/// from `start` (restoring, both arms) to the verdict, also set in `arms_seconds`.
+std::function<void(const diagnose::Diagnosis&)> keep_with_replay(DoctorProgress& progress, const diagnose::Replay& replay,
+                                                                std::chrono::steady_clock::time_point start,
+                                                                double& arms_seconds) {
+  return [&progress, &replay, start, &arms_seconds](const diagnose::Diagnosis& now) {
+    if (arms_seconds < 0) arms_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    diagnose::Diagnosis known = now;
+    known.replay = replay;
+    known.replay->seconds = arms_seconds;
+    progress.keep(known);
+  };
+}
+
+/// Where a run that did not finish went wrong, by its steps.csv: its first NaN/inf loss,
+/// else the first of its last steps when it skipped at least kMinCompareSteps of them in a
+/// row (a scale backing off at every step). step -1: neither.
+struct Onset {
+  int64_t step = -1;
+  std::string what;
+};
+
+Onset onset_of_failure(const StepsCsv& csv) {
+  Onset o;
+  if (csv.column("loss") < 0) return o;
+  for (size_t i = 0; i < csv.rows.size(); ++i) {
+    const std::string v = csv.at(i, "loss");
+    if (v.empty()) continue;
+    if (!std::isfinite(std::strtod(v.c_str(), nullptr))) {
+      o.step = static_cast<int64_t>(i);
+      o.what = "its first NaN/inf loss";
+      return o;
+    }
+  }
+  size_t streak = 0;
+  while (streak < csv.rows.size() && csv.at(csv.rows.size() - 1 - streak, "skipped") == "1") ++streak;
+  if (streak >= static_cast<size_t>(diagnose::kMinCompareSteps)) {
+    o.step = static_cast<int64_t>(csv.rows.size() - streak);
+    o.what = "the first of the " + std::to_string(streak) + " skipped steps it ended with";
+  }
+  return o;
+}
+
+/// The newest checkpoint before `onset` with finite weights, and (unless given) a window
+/// that reaches past the onset by half the way there, at least kMinCompareSteps: what
+/// the doctor sees there is how the run went wrong, not a state it had already lost
+/// (a scale collapsed by its back-offs, which every trial would inherit). False when no
+/// checkpoint comes before it.
+template <typename LeftAfter, typename Restored>
+bool place_before(const Onset& onset, const std::vector<std::string>& checkpoints, const LeftAfter& left_after,
+                  const Restored& restored, std::string& checkpoint, BranchPoint& point, int64_t& window,
+                  std::vector<std::string>& notes) {
+  for (const auto& c : checkpoints) {  // newest first
+    const int64_t at = step_of(c);
+    if (at >= onset.step || left_after(c) <= onset.step - at) continue;
+    BranchPoint candidate = read_branch_point(c);
+    if (!weights_finite(*restored(candidate))) continue;
+    const int64_t to_onset = onset.step - at;
+    if (window < 0)
+      window = std::min(left_after(c), std::max(kDefaultWindow, to_onset + std::max<int64_t>(diagnose::kMinCompareSteps, to_onset / 2)));
+    checkpoint = c;
+    point = std::move(candidate);
+    notes.push_back("the run did not finish; it went wrong at step " + std::to_string(onset.step) + " (" + onset.what +
+                    "): branched from " + c + ", before it, for " + std::to_string(window) + " steps, to step " +
+                    std::to_string(at + window) +
+                    (at + window > onset.step ? " (" + std::to_string(at + window - onset.step) + " past it)" : std::string()));
+    return true;
+  }
+  return false;
+}
+
 diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopFlags& stop) {
   const RunTurn turn;
   const std::string from = a.from_run;
@@ -281,6 +435,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   } catch (const c10::Error& e) {
     throw OptionError("from_run", "cannot branch from " + from + ": " + e.msg());
   }
+  const RunConfig as_written = b.config;  // args.json, before one process takes the ranks' batch
   if (a.config.threads != defaults.config.threads) b.config.threads = a.config.threads;
   b.model_source = a.model_source;
   b.data_source = a.data_source;
@@ -288,6 +443,10 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   // A run trained from Python holds neither its model nor its data: the caller hands them over again.
   std::error_code no_file;
   const bool model_known = b.model_source || find_builtin_model(r.model) || std::filesystem::is_regular_file(r.model, no_file);
+  // A file the CLI trained on is recorded by its path; a model handed over in memory by its name.
+  if (!model_known && r.model.find('/') != std::string::npos)
+    throw OptionError("from_run", "cannot branch from " + from + ": its model file " + r.model +
+                                      " is no longer there (moved or deleted): put it back");
   if (!model_known || (!b.data_source && r.data.empty() && !find_builtin_model(r.model)))
     throw OptionError("from_run", "cannot branch from " + from + ": it trained on a model and data handed over in memory (" +
                                       r.model + "), which the folder does not hold; pass them again with it");
@@ -308,8 +467,10 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
     throw OptionError("from_run", "cannot branch from " + from + ": it holds no checkpoint (train with " +
                                       Phrase::name("save_every") + " or " + Phrase::name("save_every_steps") + ")");
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
+  a.out = RunFolder::resolve(a.out);
   if (std::filesystem::weakly_canonical(a.out, ec) == std::filesystem::weakly_canonical(from, ec))
     throw OptionError("out", "the doctor writes into its own " + Phrase::name("out") + ", not into the run folder " + from);
+  RunFolder(a.out).refuse_run("the doctor");
 
   const RunStart prepared = start_run(b, /*world_size=*/1);
   const int threads = prepared.threads;
@@ -317,12 +478,14 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   const PrecisionOptions own_options = PrecisionOptions(r.precision_options).rounding_seed(r.seed);
 
   // A Learner as the run built it, with the checkpoint loaded as a resume loads it.
-  const auto restored = [&](const std::string& checkpoint) {
+  const auto restored = [&](const BranchPoint& point) {
     std::unique_ptr<Learner> learn = build_learner(b, split, /*progress=*/false);
     learn->set_precision(r.precision, own_options);
-    load_branch_point(*learn, checkpoint);
+    load_branch_point(*learn, point);
+    learn->recorder().start_branch();  // each arm's smoothed loss starts at the branch
     return learn;
   };
+  BranchPoint point;  // the chosen checkpoint, read once
 
   // The run's schedule: how many steps, and where each checkpoint stands in it.
   int64_t total_steps = 0;
@@ -331,6 +494,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
     total_steps = r.epochs * probe->dls().train.num_batches();
   }
   const bool stopped = !run.finished();
+  const StepsCsv csv = read_steps_csv(run.file("steps.csv"));
   std::string checkpoint;
   std::vector<std::string> notes;
   int64_t window = a.window;
@@ -343,12 +507,18 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
       for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) steps += (steps.empty() ? "" : ", ") + std::to_string(step_of(*it));
       throw OptionError("at", from + " has no checkpoint at step " + std::to_string(a.at) + " (it has steps " + steps + ")");
     }
+  } else if (const Onset onset = onset_of_failure(csv); stopped && onset.step > 0 &&
+                                                        place_before(onset, checkpoints, left_after, restored, checkpoint,
+                                                                     point, window, notes)) {
+    // Branched before the run went wrong, with a window that reaches past it.
   } else if (stopped) {
     // Branched from the state it stopped in, unless its weights are no longer finite.
     checkpoint = checkpoints.front();
     for (size_t i = 0; i < checkpoints.size(); ++i) {
-      if (weights_finite(*restored(checkpoints[i]))) {
+      BranchPoint candidate = read_chosen_point(checkpoints[i], checkpoints, /*chosen=*/true);
+      if (weights_finite(*restored(candidate))) {
         checkpoint = checkpoints[i];
+        point = std::move(candidate);
         break;
       }
       if (i + 1 == checkpoints.size())
@@ -357,6 +527,13 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
     }
     notes.push_back(std::string("the run did not finish: branched from ") +
                     (checkpoint == checkpoints.front() ? "the state it stopped in" : "the last finite state before it"));
+    if (r.precision == Precision::kFp16) {
+      const std::unique_ptr<Learner> at_stop = restored(point);
+      std::string said;
+      if (const auto pc = at_stop->precision_cb(); pc && pc->loss_scaled())
+        working_scale(at_stop->recorder(), pc->loss_scale(), &said);
+      if (!said.empty()) notes.push_back(said + " (the trials; the run's own replay keeps its scale)");
+    }
   } else {
     const int64_t wanted = window >= 0 ? window : kDefaultWindow;
     for (const auto& c : checkpoints)
@@ -369,12 +546,18 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
       notes.push_back("the newest checkpoint the run went on from for " + std::to_string(std::min(wanted, left_after(checkpoint))) +
                       " steps (the newest, " + checkpoints.front() + ", leaves " + std::to_string(left_after(checkpoints.front())) + ")");
   }
+  if (point.path != checkpoint) point = read_chosen_point(checkpoint, checkpoints, a.at < 0);
+  check_recorded_run(as_written, checkpoint, point.bytes, "cannot branch from " + from);
   const int64_t left = left_after(checkpoint);
   if (window < 0) window = std::min(kDefaultWindow, left);
   if (window > left)
     throw OptionError("window", "a " + Phrase::name("window") + " of " + std::to_string(window) + " steps from step " +
                                     std::to_string(step_of(checkpoint)) + " runs past the end of the run's schedule (" +
                                     std::to_string(total_steps) + " steps): at most " + std::to_string(left));
+  if (left <= 0)
+    throw OptionError("at", checkpoint + " is at step " + std::to_string(step_of(checkpoint)) + ", the end of the run's schedule (" +
+                                std::to_string(total_steps) + " steps): nothing is left to replay; pick an earlier one with " +
+                                Phrase::name("at"));
   if (window < diagnose::kMinCompareSteps)
     throw OptionError("window", "the run's schedule has " + std::to_string(left) + " step(s) left after " + checkpoint +
                                     ", too few to judge (at least " + std::to_string(diagnose::kMinCompareSteps) +
@@ -390,7 +573,6 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   replay.window = window;
   if (!one_process.empty()) notes.push_back(one_process);
   replay.notes = notes;
-  const StepsCsv csv = read_steps_csv(run.file("steps.csv"));
   replay.record = run_record(run, csv);
   std::cout << "mixtrain doctor: branching " << from << " (model " << r.model << ", precision " << precision_name(r.precision)
             << ") from " << checkpoint << ": " << window << " steps in fp32 and in " << precision_name(r.precision) << ", "
@@ -411,7 +593,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
     if (arm == diagnose::Arm::kFp32) std::cout << "doctor: 1/2 fp32 from the checkpoint" << std::endl;
     if (arm == diagnose::Arm::kRun)
       std::cout << "doctor: 2/2 " << precision_name(r.precision) << " from the checkpoint (the run, continued)" << std::endl;
-    std::unique_ptr<Learner> learn = restored(checkpoint);
+    std::unique_ptr<Learner> learn = restored(point);
     if (arm == diagnose::Arm::kFp32) {
       learn->to_fp32();
       replay.restore_seconds = since(entered);
@@ -422,15 +604,10 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
     add_stop_callbacks(*learn, stop, /*keeps_checkpoints=*/false);
     return learn;
   };
-  std::optional<diagnose::Diagnosis> known;
-  const auto keep = [&](const diagnose::Diagnosis& now) {
-    if (arms_seconds < 0) arms_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    known = now;
-    known->replay = replay;
-    known->replay->seconds = arms_seconds;
-    write_file_atomically(folder.file("diagnosis.json"), known->to_json(words));
-  };
-  diagnose::Diagnosis d = diagnose::compare_branch(at_branch,
+  DoctorProgress progress(folder, words, stop, a.report_files);
+  const auto keep = keep_with_replay(progress, replay, start, arms_seconds);
+  diagnose::Diagnosis d = progress.run([&] {
+    return diagnose::compare_branch(at_branch,
                                                    diagnose::CompareOptions()
                                                        .epochs(r.epochs)
                                                        .lr(r.lr.last())
@@ -441,6 +618,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
                                                        .seed(r.seed)
                                                        .on_progress(keep),
                                                    window);
+  });
   replay.seconds = arms_seconds;
   if (ranks > 1)
     replay.not_compared = "the run was trained by " + std::to_string(ranks) +
@@ -483,6 +661,7 @@ BranchStart start_from_run(RunArgs& a) {
   } catch (const c10::Error& e) {
     throw OptionError("from_run", "cannot start from " + start.from + ": " + e.msg());
   }
+  const RunConfig as_written = start.trained;  // args.json, before one process takes the ranks' batch
   // The same ranks go on with the same batch per rank; one process takes their global batch.
   const int world = distributed::env_from_environment().world_size;
   const int ranks = start.trained.ranks;
@@ -508,6 +687,7 @@ BranchStart start_from_run(RunArgs& a) {
   a.config = merged.config;
   a.config.ranks = 1;
   if (a.out.empty()) a.out = RunFolder::default_path("");
+  a.out = RunFolder::resolve(a.out);
   if (std::filesystem::weakly_canonical(a.out, ec) == std::filesystem::weakly_canonical(start.from, ec))
     throw OptionError("out", Phrase::name("from_run") + " starts a new run: give it its own " + Phrase::name("out") +
                                  ", not " + start.from);
@@ -529,7 +709,9 @@ BranchStart start_from_run(RunArgs& a) {
       throw OptionError("at", start.from + " finished its schedule: its newest checkpoint leaves nothing to train; pick an "
                                            "earlier one with " + Phrase::name("at"));
   }
-  start.step = step_of(start.checkpoint);
+  const BranchPoint point = read_chosen_point(start.checkpoint, checkpoints, a.at < 0);
+  start.step = point.step;
+  check_recorded_run(as_written, start.checkpoint, point.bytes, "cannot start from " + start.from);
   return start;
 }
 
@@ -537,7 +719,7 @@ void restore_branch(Learner& learn, const BranchStart& start, const RunConfig& n
   const RunConfig& was = start.trained;
   const PrecisionOptions run_options = PrecisionOptions(was.precision_options).rounding_seed(was.seed);
   learn.set_precision(was.precision, run_options);
-  load_branch_point(learn, start.checkpoint);
+  load_branch_point(learn, read_branch_point(start.checkpoint));
   const int64_t left = now.epochs * learn.dls().train.num_batches() - start.step;
   if (left <= 0)
     throw OptionError("at", start.checkpoint + " is the end of " + start.from + "'s schedule: nothing is left to train; pick an "
@@ -560,11 +742,16 @@ void restore_branch(Learner& learn, const BranchStart& start, const RunConfig& n
   if (now.precision == Precision::kFp16 && pc && pc->loss_scaled() &&
       now.precision_options.scaler().init_scale() == was.precision_options.scaler().init_scale()) {
     amp::GradScalerOptions scaler = mode.precision_options.scaler();
-    scaler.init_scale(pc->loss_scale());
+    std::string said;
+    scaler.init_scale(working_scale(learn.recorder(), pc->loss_scale(), &said));
+    if (!said.empty()) std::cout << "mixtrain train: " << said << std::endl;
     mode.precision_options.scaler(scaler);
   }
   learn.to_fp32();
   set_precision(learn, mode);
+  // Another precision is another run from here: its smoothed loss and its counts start
+  // here (a parent's NaN would stay in the smoothed loss, its skips in summary.json's).
+  learn.recorder().start_branch();
 }
 
 namespace {
@@ -700,7 +887,9 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
   const PrecisionOptions own_options = PrecisionOptions(r.precision_options).rounding_seed(r.seed);
   if (!own_options.keep_fp32().empty()) amp::check_islands(own_options.keep_fp32(), build_model(a).module());
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
+  a.out = RunFolder::resolve(a.out);
   const RunFolder folder(a.out);
+  folder.refuse_run("the doctor");
   folder.prepare();
 
   diagnose::Replay replay;
@@ -709,7 +898,7 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
   replay.window = window;
   replay.not_compared = "a training loop records no steps to check it against";
   std::cout << "mixtrain doctor: branching the training loop (" << loop.optimizer
-            << (replay.step >= 0 ? ", step " + std::to_string(replay.step) : std::string()) << ", lr "
+            << (replay.step >= 0 ? ", optimizer step " + std::to_string(replay.step) : std::string()) << ", lr "
             << short_number(lr, 3) << "): its next " << window << " batches in fp32 and in " << precision_name(r.precision)
             << ", " << threads << " thread(s)" << std::endl;
   const auto start = std::chrono::steady_clock::now();
@@ -730,14 +919,10 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
     add_stop_callbacks(*learn, stop, /*keeps_checkpoints=*/false);
     return learn;
   };
-  const auto keep = [&](const diagnose::Diagnosis& now) {
-    if (arms_seconds < 0) arms_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    diagnose::Diagnosis known = now;
-    known.replay = replay;
-    known.replay->seconds = arms_seconds;
-    write_file_atomically(folder.file("diagnosis.json"), known.to_json(words));
-  };
-  diagnose::Diagnosis d = diagnose::compare_branch(at_loop,
+  DoctorProgress progress(folder, words, stop, a.report_files);
+  const auto keep = keep_with_replay(progress, replay, start, arms_seconds);
+  diagnose::Diagnosis d = progress.run([&] {
+    return diagnose::compare_branch(at_loop,
                                                    diagnose::CompareOptions()
                                                        .epochs(1)
                                                        .lr(lr)
@@ -749,6 +934,7 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
                                                        .seed(r.seed)
                                                        .on_progress(keep),
                                                    window);
+  });
   replay.seconds = arms_seconds;
   d.replay = replay;
   write_doctor_outputs(d, folder, words, a, "");

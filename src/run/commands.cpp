@@ -21,6 +21,7 @@
 #include "mixtrain/callbacks/fault_injection.h"
 #include "mixtrain/util/threads.h"
 
+#include "run/run_record.h"
 #include "util/read_file.h"
 
 #include <torch/torch.h>
@@ -50,122 +51,13 @@ void check_monitor(Learner& learn, const std::string& monitor) {
                                    "' (choices: " + callbacks::monitorable_list(learn.recorder()) + ")");
 }
 
-/// The input files a run reads (its data and model files, by option key) as
-/// "size bytes, crc32 X": what a resume must find again.
-std::map<std::string, std::string> input_fingerprints(const RunConfig& r) {
-  std::map<std::string, std::string> out;
-  for (const auto& [key, path] : {std::pair<std::string, std::string>{"data", r.data}, {"model", r.model}}) {
-    std::error_code ec;
-    if (path.empty() || !std::filesystem::is_regular_file(path, ec)) continue;  // a built-in model or data set
-    uLong crc = crc32(0L, Z_NULL, 0);
-    size_t bytes = 0;
-    mixtrain::detail::read_file_chunks(path, key + " file ", [&](const char* chunk, size_t n) {
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(chunk), static_cast<uInt>(n));
-      bytes += n;
-    });
-    char hex[9];
-    std::snprintf(hex, sizeof hex, "%08lx", static_cast<unsigned long>(crc));
-    out[key] = std::to_string(bytes) + " bytes, crc32 " + hex;
-  }
-  return out;
-}
-
-/// Keeps the run's configuration and its input files' fingerprints in every
-/// checkpoint, so that a resume can tell that args.json still describes the run the
-/// checkpoint continues, and that it reads the same files.
-class RunRecord : public Callback {
- public:
-  RunRecord(std::string json, std::map<std::string, std::string> inputs) : json_(std::move(json)), inputs_(std::move(inputs)) {}
-  std::string name() const override { return "RunRecord"; }
-  std::string state_key() const override { return kKey; }
-  void save_state(torch::serialize::OutputArchive& ar) const override {
-    ar.write("args", c10::IValue(json_));
-    c10::Dict<std::string, std::string> inputs;
-    for (const auto& [key, fingerprint] : inputs_) inputs.insert(key, fingerprint);
-    ar.write("inputs", c10::IValue(inputs));
-  }
-
-  static constexpr const char* kKey = "run_config";
-
- private:
-  std::string json_;
-  std::map<std::string, std::string> inputs_;
-};
-
-/// What a checkpoint's run record holds.
-struct Recorded {
-  RunConfig config;
-  std::map<std::string, std::string> inputs;  ///< empty in checkpoints of 0.2's first sessions
-};
-
-/// The configuration a checkpoint was trained with, or nullopt for a checkpoint
-/// of an older version (it holds none).
-std::optional<Recorded> recorded_run(const std::string& checkpoint) {
-  torch::serialize::InputArchive ar, record;
-  Learner::open_checkpoint(checkpoint, ar);
-  if (!ar.try_read(std::string("callback.") + RunRecord::kKey, record)) return std::nullopt;
-  c10::IValue json, inputs;
-  TORCH_CHECK(record.try_read("args", json) && json.isString(), "Checkpoint ", checkpoint, " has a damaged run record");
-  Recorded out;
-  try {
-    out.config = RunConfig::from_json(json.toStringRef());
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "Checkpoint ", checkpoint, " has a damaged run record (", e.msg(), ")");
-  }
-  if (record.try_read("inputs", inputs)) {
-    TORCH_CHECK(inputs.isGenericDict(), "Checkpoint ", checkpoint, " has a damaged run record");
-    for (const auto& kv : inputs.toGenericDict()) {
-      TORCH_CHECK(kv.key().isString() && kv.value().isString(), "Checkpoint ", checkpoint, " has a damaged run record");
-      out.inputs[kv.key().toStringRef()] = kv.value().toStringRef();
-    }
-  }
-  return out;
-}
-
-/// A resume reads the files its checkpoints were trained on.
-void check_same_inputs(const std::map<std::string, std::string>& trained, const std::map<std::string, std::string>& current,
-                       const RunConfig& now, const std::string& folder) {
-  for (const auto& [key, fingerprint] : trained) {
-    const auto it = current.find(key);
-    const std::string path = key == "data" ? now.data : now.model;
-    if (it != current.end() && it->second == fingerprint) continue;
-    throw OptionError(key, "cannot resume " + folder + ": " + Phrase::name(key) + " " + path +
-                               (it == current.end() ? " is no longer there" : " is " + it->second) +
-                               ", but its checkpoints were trained on " + fingerprint +
-                               "; a resume continues that run on the same file (put it back, or start a new run with " +
-                               Phrase::name("out") + ")");
-  }
-}
-
 /// Input files named as they resolve from anywhere: args.json and the run record
 /// keep absolute paths, so a resume from another directory reads the same files.
 void resolve_input_paths(RunConfig& r) {
   for (std::string* path : {&r.data, &r.model}) {
     std::error_code ec;
-    if (!path->empty() && std::filesystem::is_regular_file(*path, ec)) *path = std::filesystem::absolute(*path, ec).string();
-  }
-}
-
-/// A resume continues the run in the checkpoint: args.json may not have been
-/// changed to another run since (only --threads may differ).
-void check_same_run(const RunConfig& trained, const RunConfig& now, const std::string& folder) {
-  RunArgs was, is;
-  was.config = trained;
-  is.config = now;
-  for (const Option& o : options()) {
-    if (!o.stored || o.key == "threads") continue;
-    const std::string before = o.get(was), after = o.get(is);
-    if (before == after) continue;
-    // A switch is on or off, an empty list is none (not "drop --x", not "--x " with nothing after it).
-    const auto value = [&](const std::string& v) {
-      if (o.type == ValueType::kSwitch) return Phrase::name(o.key) + (v == "true" ? " on" : " off");
-      if (v.empty()) return Phrase::name(o.key) + " none";
-      return Phrase::setting(o.key, v);
-    };
-    throw OptionError(o.key, "cannot resume " + folder + ": args.json sets " + value(after) +
-                                 " but its checkpoints were trained with " + value(before) +
-                                 "; a resume continues that run (put args.json back, or start a new run with " +
-                                 Phrase::name("out") + ")");
+    if (!path->empty() && (std::filesystem::is_regular_file(*path, ec) || std::filesystem::is_directory(*path, ec)))
+      *path = std::filesystem::absolute(*path, ec).lexically_normal().string();
   }
 }
 
@@ -173,6 +65,7 @@ void check_same_run(const RunConfig& trained, const RunConfig& now, const std::s
 /// forced), then creates it and records the configuration.
 void start_folder(RunArgs& a, int world_size) {
   if (a.out.empty()) a.out = RunFolder::default_path("");
+  a.out = RunFolder::resolve(a.out);  // checked as it will be created: OLD/x/.. is OLD
   const RunFolder folder(a.out);
   if (folder.holds_checkpoints() && !a.force)
     throw OptionError("force", Phrase::name("out") + " " + a.out +
@@ -302,8 +195,10 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
       throw;
     }
     if (trained) {
-      check_same_run(trained->config, r, a.out);
-      check_same_inputs(trained->inputs, inputs, r, a.out);
+      const SameRunWords words{"cannot resume " + a.out, "its checkpoints were", "a resume continues that run",
+                               ", or start a new run with " + Phrase::name("out")};
+      check_same_run(trained->config, r, words);
+      check_same_inputs(trained->inputs, inputs, r, words);
     }
   }
   // The model, its fit to the data and the precision (fp32 islands name its modules)
@@ -423,6 +318,14 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
     result.message = nan_stop->message();
     // Kept with the run: mixtrain doctor --from shows it as the run's own record.
     if (summary) summary->add({{"stopped", result.message.str()}}, {});
+    // The charts matter most for the run that stopped: the loss and the scale up to the stop.
+    if (writer) {
+      try {
+        result.charts = folder.write_charts(learn.recorder());
+      } catch (const FileWriteError&) {
+        // The stop and its checkpoint are what counts; a full disk keeps only the charts out.
+      }
+    }
     return result;
   }
   if (group)  // lets a person (and the tests) see that every rank ended with the same weights
@@ -434,19 +337,26 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
                                : metrics_line(learn);
   if (summary) result.summary = summary->json();
   if (writer) {
+    bool finished = false;
     try {
       folder.write_model(learn.model(), r.model);
       // A finished run is not resumable into a retrain from an older checkpoint.
       folder.mark_finished(r.epochs);
+      finished = true;
       result.charts = folder.write_charts(learn.recorder());
     } catch (const FileWriteError& e) {
+      // Say what was written: once the run is marked finished there is nothing to resume.
+      if (finished)
+        TORCH_CHECK(false, e.msg(), " after the run finished: model.pt and its logs are written, only its "
+                                    "charts (loss.svg, lr.svg, scale.svg) are not; make room, nothing else is lost");
       write_failed(e, " after the last epoch (model.pt is not written)");
     }
+    // Through std::cout, as every other line: a front end that redirects it (Python's
+    // sys.stdout, a notebook cell) catches this one too.
     if (a.report_files)
-      std::printf("%s; run written to %s (trained model: model.pt)\n", said.c_str(), a.out.c_str());
+      std::cout << said << "; run written to " << a.out << " (trained model: model.pt)" << std::endl;
     else
-      std::printf("%s\n", said.c_str());
-    std::fflush(stdout);
+      std::cout << said << std::endl;
   }
   return result;
 }
@@ -516,7 +426,9 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
   // So is the model's fit to both splits, before the folder is created (the runs build their own).
   (void)build_learner(a, split, /*progress=*/false);
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
+  a.out = RunFolder::resolve(a.out);
   const RunFolder folder(a.out);
+  folder.refuse_run("the doctor");
   folder.prepare();
 
   int built = 0;
@@ -536,15 +448,10 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
             << threads << " thread(s)" << std::endl;
   // diagnosis.json holds the verdict before the first trial starts and grows a row
   // as each trial ends: a trial that dies, or a stop, leaves what was known.
-  std::optional<diagnose::Diagnosis> known;
-  const auto keep = [&](const diagnose::Diagnosis& now) {
-    known = now;
-    write_file_atomically(folder.file("diagnosis.json"), now.to_json(words));
-    if (stop.armed) stop.armed->store(true);  // from here a stop has something to save
-  };
-  diagnose::Diagnosis d;
-  try {
-    d = diagnose::compare(factory, diagnose::CompareOptions()
+  DoctorProgress progress(folder, words, stop, a.report_files);
+  const auto keep = [&](const diagnose::Diagnosis& now) { progress.keep(now); };
+  diagnose::Diagnosis d = progress.run([&] {
+    return diagnose::compare(factory, diagnose::CompareOptions()
                                        .epochs(r.epochs)
                                        .lr(r.lr.last())
                                        .precision(r.precision)
@@ -553,22 +460,36 @@ diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags&
                                        .apply_setting(apply_setting)
                                        .seed(r.seed)
                                        .side_by_side(true)  // build_learner's Learners share nothing
+                                       .head_start(a.head_start)
                                        .while_waiting([&stop] {
                                          if (stop.poll && stop.requested && stop.poll()) stop.requested->store(true);
                                        })
                                        .on_progress(keep));
-  } catch (const callbacks::StopRequested&) {
-    if (!known) throw;  // stopped before the verdict: nothing to keep
-    known->trials_status = "interrupted";
-    write_file_atomically(folder.file("diagnosis.json"), known->to_json(words));
-    std::cerr << "mixtrain doctor: stopped during trial " << known->trials.size() + 1 << "; verdict "
-              << diagnose::to_string(known->verdict) << " and the " << known->trials.size() << " trial(s) that ended are in "
-              << folder.file("diagnosis.json") << std::endl;
-    throw;
-  }
-
+  });
   write_doctor_outputs(d, folder, words, a, "");
   return d;
+}
+
+void DoctorProgress::keep(const diagnose::Diagnosis& now) {
+  known_ = now;
+  write_file_atomically(folder_.file("diagnosis.json"), now.to_json(words_));
+  if (stop_.armed) stop_.armed->store(true);  // from here a stop has something to save
+}
+
+diagnose::Diagnosis DoctorProgress::run(const std::function<diagnose::Diagnosis()>& compare) {
+  try {
+    return compare();
+  } catch (const callbacks::StopRequested&) {
+    if (!known_) throw;  // stopped before the verdict: nothing to keep
+    known_->trials_status = "interrupted";
+    write_file_atomically(folder_.file("diagnosis.json"), known_->to_json(words_));
+    std::cerr << "mixtrain doctor: stopped during trial " << known_->trials.size() + 1 << "; verdict "
+              << diagnose::to_string(known_->verdict) << " and the " << known_->trials.size() << " trial(s) that ended "
+              << (keeps_files_ ? "are in " + folder_.file("diagnosis.json")
+                               : std::string("were known (no out= folder keeps them: pass out= to keep diagnosis.json)"))
+              << std::endl;
+    throw;
+  }
 }
 
 void check_doctor_compares(Precision precision) {

@@ -2,6 +2,7 @@
 #include "mixtrain/core/precision_modes.h"
 
 #include "util/comma_list.h"
+#include "util/read_file.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/loss_scale_rule.h"
 #include "mixtrain/util/atomic_file.h"
@@ -424,6 +425,11 @@ std::vector<Option> make_table() {
           .at_least(0).field<int64_t>(MIXTRAIN_ARGS(max_trials)));
   add(Def("no_trials", "--no-trials", ValueType::kSwitch, kD, "Try no fixes: the verdict and its fixes only")
           .no_default().field<bool>(MIXTRAIN_ARGS(no_trials)));
+  add(Def("head_start", "--head-start", ValueType::kSwitch, kD,
+          "Start the likely first trial (stochastic rounding, for a bf16-pure run losing its updates) on the fp32 "
+          "baseline's thread once it ends, before the verdict: faster, but the trial's numbers then depend on when "
+          "the run ended (not bitwise the same from one doctor to the next)")
+          .no_default().field<bool>(MIXTRAIN_ARGS(head_start)));
   add(Def("from_run", "--from", ValueType::kText, kT | kD,
           "Start a new run (in --out) from RUN_DIR's checkpoint with the rest of its schedule; the run's own flags, "
           "changed only in how it computes (precision and its options, clipping, threads, checkpoints)")
@@ -690,9 +696,10 @@ void RunConfig::write(const std::string& dir) const { write_file_atomically(dir 
 
 RunConfig RunConfig::read(const std::string& dir) {
   const std::string path = dir + "/args.json";
-  std::ifstream f(path);
-  TORCH_CHECK(f, path, " not found (is ", dir, " a mixtrain run directory?)");
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  TORCH_CHECK(std::filesystem::exists(path, ec), path, " not found (is ", dir, " a mixtrain run directory?)");
+  // Bounded, and only a regular file: a link to /dev/zero or a FIFO is refused, not read forever.
+  const std::string text = detail::read_whole_file(path, "", detail::kMaxRunFileBytes);
   // Only a file that is not JSON is damaged; a JSON file with a bad field says which.
   const bool is_json = nlohmann::json::accept(text);
   try {

@@ -24,6 +24,36 @@ std::string RunFolder::default_path(const std::string& prefix) {
   return "runs/" + prefix + buf + "-" + std::to_string(::getpid());
 }
 
+namespace {
+std::string without_trailing_separator(std::string s) {
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+} // namespace
+
+std::string RunFolder::resolve(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code ec;
+  const fs::path real = fs::weakly_canonical(path, ec);
+  if (ec) return without_trailing_separator(path);
+  const std::string lexical = without_trailing_separator(fs::path(path).lexically_normal().string());
+  const fs::path lexical_real = fs::weakly_canonical(lexical, ec);
+  if (!ec && without_trailing_separator(lexical_real.string()) == without_trailing_separator(real.string())) return lexical;
+  return without_trailing_separator(real.string());
+}
+
+bool RunFolder::holds_run() const {
+  std::error_code ec;
+  return holds_checkpoints() || fs::exists(fs::symlink_status(file("args.json"), ec));
+}
+
+void RunFolder::refuse_run(const std::string& who) const {
+  if (holds_run())
+    throw OptionError("out", Phrase::name("out") + " " + path_ + " holds a run (" +
+                                 (holds_checkpoints() ? "its checkpoints" : "its args.json") + "), and " + who +
+                                 " would overwrite its files there: pass another folder");
+}
+
 void RunFolder::prepare() const {
   std::error_code ec;
   fs::create_directories(path_, ec);

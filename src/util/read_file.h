@@ -80,6 +80,10 @@ inline std::string read_whole_file(const std::string& path, const std::string& r
   return bytes;
 }
 
+/// The most a run folder's own records are read to (args.json, summary.json, steps.csv):
+/// steps.csv of a million steps is about 60 MB.
+inline constexpr size_t kMaxRunFileBytes = size_t{256} << 20;
+
 /// Calls `use(chunk, n)` on the regular file's bytes in order, a chunk at a time
 /// (for a reader that never needs the file whole).
 template <typename Use>

@@ -45,15 +45,36 @@ std::vector<double> nice_ticks(double lo, double hi, int target_count) {
   return ticks;
 }
 
-std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptions& o) {
-  // The legend sits right of the frame, where it can never hide a line.
-  const auto labelled = std::count_if(series.begin(), series.end(), [](const PlotSeries& s) { return !s.label.empty(); });
-  const double left = 78, right = labelled > 0 ? 200 : 20, top = 40, bottom = 58;
+namespace {
+/// Whether every finite y is positive and the largest is at least 10^4 times the smallest.
+bool spans_four_decades(const std::vector<PlotSeries>& series) {
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const auto& s : series)
+    for (double y : s.y) {
+      if (!std::isfinite(y)) continue;
+      if (y <= 0) return false;
+      lo = std::min(lo, y);
+      hi = std::max(hi, y);
+    }
+  return std::isfinite(lo) && hi >= 1e4 * lo;
+}
+} // namespace
+
+std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptions& options) {
+  PlotOptions o = options;
+  const bool log10_y = !o.log2_y && o.log10_y_when_wide && spans_four_decades(series);
+  // The legend sits right of the frame, where it can never hide a line; it is as wide as its
+  // longest label (12 px text: about 7 px a character), and the chart widens with it.
+  size_t longest = 0;
+  for (const auto& s : series) longest = std::max(longest, s.label.size());
+  const double legend = longest > 0 ? std::max(200.0, 44.0 + 7.0 * static_cast<double>(longest)) : 20;
+  o.width = static_cast<int>(std::max<double>(o.width, o.width - 200 + legend));
+  const double left = 78, right = legend, top = 40, bottom = 58;
   const double pw = o.width - left - right, ph = o.height - top - bottom;
-  auto ty = [&](double y) { return o.log2_y ? std::log2(y) : y; };
+  auto ty = [&](double y) { return o.log2_y ? std::log2(y) : log10_y ? std::log10(y) : y; };
   auto tx = [&](double x) { return o.log10_x ? std::log10(x) : x; };
   auto usable = [&](double x, double y) {
-    return std::isfinite(x) && std::isfinite(y) && (!o.log2_y || y > 0) && (!o.log10_x || x > 0);
+    return std::isfinite(x) && std::isfinite(y) && (!(o.log2_y || log10_y) || y > 0) && (!o.log10_x || x > 0);
   };
 
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
@@ -69,8 +90,8 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
   if (empty) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
   if (x1 == x0) x1 = x0 + 1;
   if (o.log10_x) x0 = std::floor(x0), x1 = std::ceil(x1);  // whole decades
-  if (o.log2_y) {
-    // Whole powers of two around the data, at least two of them, so the axis always has ticks.
+  if (o.log2_y || log10_y) {
+    // Whole powers of two (ten) around the data, at least two of them, so the axis always has ticks.
     y0 = std::floor(y0);
     y1 = std::ceil(y1);
     if (y1 - y0 < 2) y0 -= 1, y1 += 1;
@@ -107,7 +128,7 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
         << (o.log10_x ? "1e" + std::to_string(static_cast<int>(t)) : detail::short_number(t)) << "</text>\n";
   }
   std::vector<double> yticks;
-  if (o.log2_y) {
+  if (o.log2_y || log10_y) {
     const int lo = static_cast<int>(std::ceil(y0)), hi = static_cast<int>(std::floor(y1));
     const int stride = std::max(1, (hi - lo) / 6 + 1);
     for (int k = lo; k <= hi; k += stride) yticks.push_back(k);
@@ -119,14 +140,17 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     svg << "<line x1=\"" << left << "\" y1=\"" << py_raw(t) << "\" x2=\"" << left + pw << "\" y2=\"" << py_raw(t)
         << "\" stroke=\"#e5e5e5\"/>\n";
     svg << "<text x=\"" << left - 6 << "\" y=\"" << py_raw(t) + 4 << "\" text-anchor=\"end\" font-size=\"12\">"
-        << (o.log2_y ? "2^" + std::to_string(static_cast<int>(t)) : detail::short_number(t)) << "</text>\n";
+        << (o.log2_y    ? "2^" + std::to_string(static_cast<int>(t))
+            : log10_y ? "1e" + std::to_string(static_cast<int>(t))
+                      : detail::short_number(t))
+        << "</text>\n";
   }
   svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
       << "\" fill=\"none\" stroke=\"#333\"/>\n";
   svg << "<text x=\"" << left + pw / 2 << "\" y=\"" << o.height - 14 << "\" text-anchor=\"middle\" font-size=\"13\">"
       << escape(o.x_label) << "</text>\n";
   svg << "<text x=\"16\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" font-size=\"13\" transform=\"rotate(-90 16 "
-      << top + ph / 2 << ")\">" << escape(o.y_label) << "</text>\n";
+      << top + ph / 2 << ")\">" << escape(o.y_label + (log10_y ? " (log scale)" : "")) << "</text>\n";
   if (empty)
     svg << "<text x=\"" << left + pw / 2 << "\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" font-size=\"14\" "
         << "fill=\"#888\">no data</text>\n";

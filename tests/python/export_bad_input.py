@@ -129,6 +129,8 @@ x = torch.randn(600, 7)
 y = torch.randint(0, 10, (600,))
 vx, vy = torch.randn(100, 7), torch.randint(0, 10, (100,))
 torch.save({"x": x, "y": y}, path("data.pt"))
+torch.save(MLP().state_dict(), path("mlp_state_dict.pt"))  # a state_dict given as --model
+torch.save(MLP(), path("mlp_pickled.pt"))  # a whole module pickled with torch.save
 y_out = y.clone()
 y_out[5] = 10
 torch.save({"x": x, "y": y_out, "valid_x": vx, "valid_y": vy}, path("y_class_10.pt"))

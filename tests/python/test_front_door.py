@@ -626,6 +626,29 @@ def test_the_doctor_branches_a_run_folder_from_python(tmp_path):
         mixtrain.doctor(Mlp(), (x, y), from_run=run, at=7)
     with pytest.raises(ValueError, match="at= and window= pick what from_run= replays"):
         mixtrain.doctor(Mlp(), (x, y), at=7)
+    # A keyword is refused with from_run= even at its default value (fp16 is the doctor's default).
+    for given in (dict(precision="fp16"), dict(precision="bf16"), dict(lr=3e-3), dict(seed=42)):
+        with pytest.raises(ValueError, match="replays the run with its own flags .*drop %s$" % list(given)[0]):
+            mixtrain.doctor(Mlp(), (x, y), from_run=run, at=20, out=tmp_path / "refused", **given)
+    # The doctor's out= may not be a run's folder, however the path is spelled.
+    with pytest.raises(ValueError, match="holds a run"):
+        mixtrain.doctor(Mlp(), (x, y), from_run=run, at=20, window=10, out=str(run) + "/q/..", no_trials=True)
+
+
+def test_no_spelling_of_a_runs_folder_lets_a_new_run_take_it(tmp_path):
+    x, y = blobs(256)
+    run = tmp_path / "old"
+    mixtrain.train(Mlp(), (x, y), epochs=1, out=run, save_every=1, **FAST)
+    kept = sorted(os.listdir(run))
+    for spelled in (str(run) + "/q/..", str(run) + "/", str(run) + "/./q/r/../.."):
+        with pytest.raises(ValueError, match="holds a run already"):
+            mixtrain.train(Mlp(), (x, y), epochs=1, out=spelled, **FAST)
+    assert sorted(os.listdir(run)) == kept
+
+
+def test_the_package_says_its_version_and_the_torch_it_was_built_for():
+    assert mixtrain.__version__.startswith("0."), mixtrain.__version__
+    assert "+torch" + torch.__version__.split("+")[0] in mixtrain.__version__, mixtrain.__version__
 
 
 def test_a_runs_warnings_are_mixtrain_warnings_in_pythons_words():
@@ -699,3 +722,150 @@ def test_a_torch_other_than_the_one_built_against_is_a_one_line_import_error(cha
     line = r.stdout.strip()
     assert "\n" not in line and line.startswith("mixtrain was built against torch ") and "rebuild it against this torch" in line, line
     assert "this Python imports torch" in line and sys.executable in line, line
+
+
+class WithBuffers(Mlp):
+    """An Mlp with a floating buffer of its own dtype: a scale kept in fp32 in a bf16 model."""
+
+    def __init__(self, buffer_dtype):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor([1.0 + 2 ** -12, 3.0], dtype=buffer_dtype))
+
+    def forward(self, x):
+        return self.head(self.body(x)) * self.scale[0].to(x.dtype)
+
+
+def test_every_buffer_comes_back_with_its_dtype_and_value():
+    # A bf16 model's fp32 buffer (its value is not a bf16 number: rounding would show).
+    model = WithBuffers(torch.float32).to(torch.bfloat16)
+    model.scale = model.scale.float()
+    model.scale.copy_(torch.tensor([1.0 + 2 ** -12, 3.0]))
+    before = model.scale.clone()
+    mixtrain.doctor(model, blobs(512), epochs=1, no_trials=True, **FAST)
+    assert model.scale.dtype == torch.float32 and torch.equal(model.scale, before)
+    mixtrain.train(model, blobs(512), epochs=1, **FAST)
+    assert model.scale.dtype == torch.float32 and torch.equal(model.scale, before)
+    # Hugging Face's shape (bf16 weights, an fp32 island) with a bf16 buffer.
+    hf = WithBuffers(torch.float32).to(torch.bfloat16)
+    hf.head.float()  # the island; the buffer stays bf16
+    value = hf.scale.clone()
+    mixtrain.doctor(hf, blobs(512), epochs=1, no_trials=True, **FAST)
+    assert hf.scale.dtype == torch.bfloat16 and torch.equal(hf.scale, value)
+    assert hf.head.weight.dtype == torch.float32 and hf.body[0].weight.dtype == torch.bfloat16
+
+
+class TracedWithNorm(nn.Module):
+    """Scripting fails (*inputs), so mixtrain traces it: in train mode, with BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.1))
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, *inputs):
+        return self.head(self.body(inputs[0]))
+
+
+def test_tracing_leaves_the_callers_batchnorm_statistics_and_random_state_as_they_were():
+    model = TracedWithNorm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    d = mixtrain.doctor(model, blobs(512), epochs=1, no_trials=True, **FAST)
+    assert "traced" in d.model_source
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(torch.get_rng_state(), rng)
+    mixtrain.lr_find(model, blobs(512), num_it=20, bs=32, threads=1)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_a_loops_window_says_what_it_used_and_leaves_the_callers_random_state(capfd):
+    model, opt, batches = _loop(lambda p: torch.optim.AdamW(p, lr=1e-3))
+    x, y = blobs(2048)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True)
+    rng = torch.get_rng_state()
+    mixtrain.doctor(model, loader, optimizer=opt, steps=16, precision="bf16", threads=1, no_trials=True)
+    assert torch.equal(torch.get_rng_state(), rng), "the shuffle moved the caller's generator"
+    it = iter(batches[20:])
+    d = mixtrain.doctor(model, it, optimizer=opt, steps=16, precision="bf16", threads=1, no_trials=True)
+    out = capfd.readouterr().out
+    assert "read the next 16 batches of your data iterator" in out, out
+    assert "optimizer step 20" in out, out
+    assert len(list(it)) == len(batches) - 20 - 16
+    # (x, y) tensors take the loop's batch size.
+    d = mixtrain.doctor(model, (x, y), optimizer=opt, steps=16, bs=64, precision="bf16", threads=1, no_trials=True)
+    assert d.measurements["fp32"]["steps"] == 16
+    assert d.to_dict()["replay"]["window"] == 16
+    mixtrain.doctor(model, (x, y), optimizer=opt, steps=8, precision="bf16", threads=1, no_trials=True)
+    assert "batches of bs=256 (the default)" in capfd.readouterr().out
+
+
+def test_trains_last_line_goes_through_sys_stdout():
+    import contextlib
+    import io
+    caught = io.StringIO()
+    with contextlib.redirect_stdout(caught):
+        mixtrain.train(Mlp(), blobs(512), epochs=1, **FAST)
+    assert "valid accuracy" in caught.getvalue(), caught.getvalue()
+
+
+def test_a_list_of_samples_is_data():
+    x, y = blobs(512)
+    samples = [(x[i], y[i]) for i in range(len(y))]
+    r = mixtrain.train(Mlp(), samples, epochs=1, **FAST)
+    assert r.summary["train_samples"] == 410  # 512 samples, a seeded 20% kept for validation
+    numbers = [(x[i], int(y[i])) for i in range(len(y))]  # y as Python numbers, as a Dataset's items often are
+    assert mixtrain.train(Mlp(), numbers, epochs=1, **FAST).summary["train_samples"] == 410
+
+
+class TiedLm(nn.Module):
+    """A language model's shape: the output head shares the embedding's weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.mix = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mix(self.emb(x))))
+
+
+def tokens(n=2048, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 16, (n,), generator=g)
+    return x, (x * 3 + 1) % 16
+
+
+def test_tied_weights_train_stay_tied_and_are_stepped_once():
+    model = TiedLm()
+    r = mixtrain.train(model, tokens(), epochs=2, **FAST)
+    assert r.valid["accuracy"] > 0.5, r.valid
+    assert model.head.weight is model.emb.weight  # the caller's tie is kept
+    # The doctor from a plain loop's state: its fp32 arm is the user's loop continued, the
+    # tied weight stepped once per step, not once per module that holds it.
+    torch.manual_seed(0)
+    model = TiedLm()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = tokens()
+    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, len(x), 32)]
+    for xb, yb in batches[:10]:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    twin = copy.deepcopy(model)
+    assert twin.head.weight is twin.emb.weight
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    losses = []
+    for xb, yb in batches[10:26]:
+        twin_opt.zero_grad()
+        loss = nn.functional.cross_entropy(twin(xb), yb)
+        loss.backward()
+        twin_opt.step()
+        losses.append(loss.item())
+    d = mixtrain.doctor(model, iter(batches[10:]), optimizer=opt, steps=16, precision="bf16", threads=1, no_trials=True)
+    assert d.measurements["fp32"]["final_loss"] == pytest.approx(sum(losses[-5:]) / 5, rel=1e-5)
+    assert model.head.weight is model.emb.weight

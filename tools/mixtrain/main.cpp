@@ -3,6 +3,7 @@
 // (mixtrain/run/commands.h); the training logic, the run folder and the doctor
 // live in libmixtrain. What is left here is the terminal: flags, signals, exit
 // codes and the one-line errors.
+#include <mixtrain/compat.h>
 #include <mixtrain/util/option_error.h>
 #include <mixtrain/util/warnings.h>
 #include <mixtrain/models/failure_site.h>
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -52,8 +54,14 @@ int64_t monotonic_ms() {  // async-signal-safe
   return static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
 }
 
+// What a stop before anything can be kept says, in one line (set by the command that runs).
+const char* g_unarmed_stop_line = "mixtrain: stopped before anything could be kept\n";
+
 extern "C" void on_stop_signal(int sig) {
-  if (!g_stop_armed.load()) ::_exit(128 + sig);
+  if (!g_stop_armed.load()) {
+    (void)!::write(STDERR_FILENO, g_unarmed_stop_line, std::strlen(g_unarmed_stop_line));  // async-signal-safe
+    ::_exit(128 + sig);
+  }
   const int64_t now = monotonic_ms();
   int64_t unset = 0;
   g_first_stop_ms.compare_exchange_strong(unset, now);  // the first signal's time, before the request is seen
@@ -155,6 +163,7 @@ run::RunArgs train_args(const GivenFlags& given) {
 int run_train(const GivenFlags& given) {
   const run::RunArgs args = train_args(given);
   if (!given.has("resume")) warn_ignored(args, given);
+  g_unarmed_stop_line = "mixtrain train: stopped before its first step ended: there was nothing to save\n";
   install_stop_handlers();
   watch_stop(args.out, "mixtrain train", /*keeps_checkpoints=*/true);
   const run::TrainResult r = run::train(args, {&g_stop_requested, &g_stop_agreed, &g_stop_armed});
@@ -202,7 +211,15 @@ int main(int argc, char** argv) {
     std::cerr << "mixtrain: warning: " << w.str(run::flag_words()) << std::endl;
   });
   CLI::App app{"mixtrain: mixed-precision training for libtorch, fastai-style.", "mixtrain"};
+  app.set_version_flag("--version", "mixtrain " MIXTRAIN_VERSION " (built against torch " +
+                                        mixtrain::compat::built_torch_version() + ")");
   app.require_subcommand(1);
+  // The torch this process loaded must be the one it was built against: said now, in one
+  // line, not as an undefined symbol (exit 127) in the middle of a run.
+  if (const std::string mismatch = mixtrain::compat::torch_mismatch(); !mismatch.empty()) {
+    print_error(mismatch);
+    return kExitError;
+  }
   Subcommand train{run::Command::kTrain}, doctor{run::Command::kDoctor}, lr_find{run::Command::kLrFind};
   train.app = app.add_subcommand("train", "Train a model (built-in or TorchScript) with fit_one_cycle and write OUT/model.pt");
   doctor.app = app.add_subcommand(
@@ -270,6 +287,8 @@ int main(int argc, char** argv) {
       warn_ignored(args, doctor.given);
       // Until the verdict is written a stop signal exits at once; during the trials
       // it ends the trial in flight, and diagnosis.json keeps what is known.
+      g_unarmed_stop_line = "mixtrain doctor: stopped before the verdict: nothing was kept (the fp32 and mixed runs "
+                            "train first; the verdict is written before the first trial)\n";
       install_stop_handlers();
       watch_stop("", "", /*keeps_checkpoints=*/false);
       return run::doctor(args, run::flag_words(), {&g_stop_requested, nullptr, &g_stop_armed}).healthy() ? 0 : 1;

@@ -195,6 +195,8 @@ class Learner {
   /// header, size and checksum), to read entries such as "model.param.<name>"
   /// directly. Throws c10::Error naming the problem.
   static void open_checkpoint(const std::string& path, torch::serialize::InputArchive& archive);
+  /// The same over a checkpoint's bytes in memory (read once, opened as often as needed).
+  static void open_checkpoint(const char* data, size_t size, const std::string& name, torch::serialize::InputArchive& archive);
   /// True while a fit continues from a loaded checkpoint (until the training
   /// phase of the epoch it resumed in ends).
   bool resuming() const { return resume_.active.has_value(); }

@@ -88,6 +88,14 @@ class Recorder : public Callback {
   const std::vector<double>& last_validation() const { return last_validation_; }
   /// Forgets all history.
   void clear();
+  /// This run goes on from another's state (train --from in another precision, a doctor's
+  /// replay): the steps so far are the parent's. The smoothed loss starts again here, and
+  /// own_steps() / own_skipped_steps() count from here (summary.json's counts).
+  void start_branch();
+  /// The first step of this run's own (0 for a run from scratch).
+  int64_t branch_step() const { return branch_step_; }
+  /// How many of the steps since branch_step() were skipped.
+  int64_t own_skipped_steps() const;
 
   std::string state_key() const override { return "recorder"; }
   void save_state(torch::serialize::OutputArchive& ar) const override;
@@ -115,6 +123,7 @@ class Recorder : public Callback {
   // Smoothed loss state (fastai's AvgSmoothLoss: lerp then debias).
   double smooth_value_ = 0;
   int64_t smooth_count_ = 0;
+  int64_t branch_step_ = 0;  // steps before it are a parent run's
   // Validation accumulators: sums weighted by batch size.
   double valid_loss_sum_ = 0;
   std::vector<double> metric_sums_;

@@ -70,13 +70,20 @@ struct CompareOptions {
   /// threads; Evidence::side_by_side says whether it happened. When the baseline ends
   /// first and the run so far is likely to get a verdict whose first trial needs no
   /// evidence (bf16-pure rounding to nearest that lost a quarter of its updates:
-  /// lost_updates, whose first trial is stochastic rounding), that trial starts on the
-  /// baseline's threads; it goes on with every thread if the verdict agrees, else stops
-  /// (Trial::head_start). Off unless asked: the
+  /// lost_updates, whose first trial is stochastic rounding), that trial may start on the
+  /// baseline's threads (head_start). Off unless asked: the
   /// baseline's callbacks then run on another thread, and a factory's callbacks that
   /// share state between the Learners would race. run::doctor (the CLI, Python)
   /// asks: its Learners share nothing.
   TORCH_ARG(bool, side_by_side) = false;
+  /// With side_by_side: start lost_updates' first trial on the baseline's threads once the
+  /// baseline has ended; it goes on with every thread if the verdict agrees, else stops
+  /// (Trial::head_start). Off by default: where it switches from half the threads to all
+  /// depends on when the run under diagnosis ends, and the CPU's bf16 kernels round
+  /// differently on different thread counts, so the trial's numbers (its gap) would differ
+  /// between two doctors of the same run. Without it two doctors on one machine and thread
+  /// count give bitwise the same report.
+  TORCH_ARG(bool, head_start) = false;
   /// Called every few milliseconds on the calling thread while it waits for the run under
   /// diagnosis on the second (side by side): where a front end checks for a stop that only
   /// its main thread can see (Python's signal handlers), and raises the flag the run's

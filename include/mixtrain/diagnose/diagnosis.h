@@ -40,6 +40,11 @@ constexpr double kGapPercentProblem = 10.0;
 /// Gaps to fp32 closer than this (in percentage points) are noise when choosing between
 /// equally cheap proven fixes: the first tried (the most targeted) is kept.
 constexpr double kGapNoisePercent = 1.0;
+/// A bf16-pure run "learns less" on the validation loss only when it falls short of fp32's
+/// progress by more than this percentage of the starting validation loss as well: a run
+/// computed in bf16 (8 bits of mantissa, 0.39% spacing) cannot show a smaller difference
+/// as evidence, and a stochastically rounded run's noise is of that size at a tiny lr.
+constexpr double kProgressShortfallNoisePercent = 0.5;
 /// Skipping more than this fraction of steps is a problem (also the end-of-fit warning's threshold).
 constexpr double kSkipRateProblem = 0.05;
 /// Skipping at least this fraction means gradients overflow on most steps.
@@ -99,6 +104,11 @@ struct Evidence {
   /// The baseline trained beside the mixed run, each on half the intra-op threads
   /// (CompareOptions::side_by_side), not the two in turn on all of them.
   bool side_by_side = false;
+  /// The validation loss of the weights both arms start from, in fp32, computed once: the
+  /// fixed point each arm's progress is measured from (its final validation loss against
+  /// it). At a small learning rate the training loss's batch noise is larger than the
+  /// progress itself, so the first and last training losses cannot show it. NaN: not measured.
+  double start_valid_loss = std::numeric_limits<double>::quiet_NaN();
   /// (mixed - fp32) / |fp32| * 100 of the compared loss (valid loss when both are finite).
   std::optional<double> gap_percent() const;
 };

@@ -6,7 +6,9 @@
 
 #include <torch/nn/module.h>
 
+#include <memory>
 #include <string>
+#include <unordered_set>
 
 namespace torch::jit {
 struct Module;
@@ -21,8 +23,13 @@ namespace mixtrain {
 /// so parameter paths ("blocks.0.attn.qkv.weight") are the ones Python shows.
 class ScriptedSubmodule : public torch::nn::Module {
  public:
-  /// Registers `script`'s parameters, buffers and (recursively) children.
+  /// Registers `script`'s parameters, buffers and (recursively) children. A tensor that two
+  /// modules share (a language model's tied embedding and head) is registered once, where it
+  /// first appears: parameters() lists it once, so the optimizer steps it once, its gradient
+  /// is unscaled once and a checkpoint holds it once; both modules' code still uses it.
   explicit ScriptedSubmodule(const torch::jit::Module& script);
+  /// The same, skipping the tensors already in `registered` (the model's, so far).
+  ScriptedSubmodule(const torch::jit::Module& script, const std::shared_ptr<std::unordered_set<const void*>>& registered);
   /// The Python class the submodule was scripted from ("torch.nn.modules.conv.Conv2d").
   const std::string& python_class() const { return python_class_; }
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace mixtrain::run {
@@ -105,6 +106,30 @@ class RunFolder;
 /// proven fix, in the front end's words), and the files written (RunArgs::report_files).
 void write_doctor_outputs(const diagnose::Diagnosis& d, const RunFolder& folder, const OptionWords& words, const RunArgs& a,
                           const std::string& next);
+
+/// diagnosis.json while a doctor runs, one path for the three doctors (from scratch,
+/// --from, a training loop's state): kept with the verdict before the first trial and again
+/// as each trial ends; from then on a stop has something to keep (StopFlags::armed), and a
+/// stop marks it "interrupted" and says where it is.
+class DoctorProgress {
+ public:
+  /// `keeps_files`: the folder stays once the doctor returns (RunArgs::report_files; Python
+  /// without out= removes it, so a stop does not point into it).
+  DoctorProgress(const RunFolder& folder, const OptionWords& words, const StopFlags& stop, bool keeps_files = true)
+      : folder_(folder), words_(words), stop_(stop), keeps_files_(keeps_files) {}
+  /// Keeps `now` (CompareOptions::on_progress, after the doctor added what it knows).
+  void keep(const diagnose::Diagnosis& now);
+  /// Runs `compare`; a stop once the verdict is known writes it as interrupted, says so on
+  /// stderr and is rethrown (a stop before it is rethrown as it is: nothing to keep).
+  diagnose::Diagnosis run(const std::function<diagnose::Diagnosis()>& compare);
+
+ private:
+  const RunFolder& folder_;
+  const OptionWords& words_;
+  StopFlags stop_;
+  bool keeps_files_ = true;
+  std::optional<diagnose::Diagnosis> known_;
+};
 
 /// A doctor trial's setting applied through the option table: the row of
 /// `setting.key` sets its value on `run` as it would from the command line

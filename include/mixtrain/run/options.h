@@ -53,6 +53,7 @@ struct RunArgs {
   LrFindOptions lr_find;        ///< the sweep's range and length (lr_find)
   int64_t max_trials = 4;       ///< doctor: candidate fixes tried after a problem verdict
   bool no_trials = false;       ///< doctor: try none
+  bool head_start = false;      ///< doctor: lost_updates' first trial before the verdict (faster, not repeatable bitwise)
   std::string from_run;         ///< doctor: replay a window from this run folder's checkpoint
   int64_t at = -1;              ///< doctor --from: the checkpoint's step (-1: chosen)
   int64_t window = -1;          ///< doctor --from: training steps replayed (-1: the default)

@@ -17,6 +17,11 @@ class RunFolder {
   explicit RunFolder(std::string path) : path_(std::move(path)) {}
   /// runs/<prefix><timestamp>-<pid>: unique for runs started in the same second.
   static std::string default_path(const std::string& prefix);
+  /// The folder a path names once it is created: `OLD/x/..` (x not there yet) is OLD, and a
+  /// trailing separator goes. Checks on the path as given would look into a folder that does
+  /// not exist and find nothing, while creating it lands in OLD. Relative where the path's
+  /// plain lexical form names the same folder, else absolute.
+  static std::string resolve(const std::string& path);
 
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
@@ -26,6 +31,11 @@ class RunFolder {
   void prepare() const;
   /// Whether it holds a complete checkpoint (a killed writer's temp file is none).
   bool holds_checkpoints() const;
+  /// Whether it holds a run: its args.json or a checkpoint.
+  bool holds_run() const;
+  /// Refuses a folder that holds a run (OptionError("out")): `who` writes its own files
+  /// there, which would overwrite the run's (its charts, its summary).
+  void refuse_run(const std::string& who) const;
   /// A forced new run: the old run's checkpoints and `latest` go.
   void clear_checkpoints() const;
   /// Temp files of writers that are no longer running go (a run killed mid-write).

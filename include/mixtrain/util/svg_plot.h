@@ -25,8 +25,11 @@ struct PlotOptions {
   bool log2_y = false;  ///< logarithmic y axis with ticks at powers of two (loss scales)
   bool log10_x = false; ///< logarithmic x axis with ticks at powers of ten (learning rates)
   std::vector<double> vlines;  ///< x positions of thin vertical guides (epoch boundaries)
-  int width = 880;
+  int width = 880;             ///< at least: a long legend widens it, never cut at the edge
   int height = 380;
+  /// A logarithmic y axis (ticks at powers of ten) when the values are all positive and span
+  /// four decades or more (a loss from 1e3 to 0.1 is a flat line near zero on a linear axis).
+  bool log10_y_when_wide = false;
 };
 
 /// The plot as a standalone SVG document. Axes get "nice" ticks (1-2-5 steps,
