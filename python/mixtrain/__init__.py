@@ -58,7 +58,9 @@ from . import _build_info as _built  # noqa: E402
 __version__ = "%s+torch%s.%s" % (_built.VERSION, _built.TORCH_VERSION,
                                  "cu" + _built.CUDA.replace(".", "") if _built.CUDA else "cpu")
 
-__all__ = ["doctor", "train", "lr_find", "Diagnosis", "Result", "LrFind", "MixtrainWarning"]
+from .fp32_islands import Fp32Islands, keep_fp32  # noqa: E402
+
+__all__ = ["doctor", "train", "lr_find", "keep_fp32", "Fp32Islands", "Diagnosis", "Result", "LrFind", "MixtrainWarning"]
 
 
 class MixtrainWarning(RuntimeWarning):
@@ -550,21 +552,54 @@ def _svg_html(svg):
     return "<div style='max-width:720px'>%s</div>" % svg if svg else ""
 
 
+def _loop_lines(settings):
+    """A proven fix's settings as lines for the user's own PyTorch loop, or None where the
+    package has nothing to run yet (a bf16-pure update rule needs mixtrain's optimizers)."""
+    lines, scaler = [], []
+    for s in settings:
+        key, value = s["key"], s["value"]
+        if key == "keep_fp32":
+            lines.append("islands = mixtrain.keep_fp32(model, %r)  # once, before the loop" % value.split(","))
+        elif key == "precision" and value == "bf16":
+            lines.append("with torch.autocast(device_type, dtype=torch.bfloat16): loss = ...  # bf16 autocast, "
+                         "no GradScaler (fp32's exponent range)")
+        elif key in ("init_scale", "growth_interval", "growth_factor", "backoff_factor"):
+            scaler.append("%s=%s" % (key, value))
+        elif key == "clip":
+            lines.append("scaler.unscale_(opt); torch.nn.utils.clip_grad_norm_(model.parameters(), %s)  # before "
+                         "scaler.step(opt)" % value)
+        else:
+            return None
+    if scaler:
+        lines.insert(0, "scaler = torch.amp.GradScaler(device_type, %s)" % ", ".join(scaler))
+    return lines
+
+
 class Diagnosis:
     """The doctor's judgement: ``verdict``, ``headline``, ``evidence`` (the report's
     evidence lines), ``fixes`` (its fix lines, most targeted first), ``trials``,
     ``proven_fix`` (None when no fix was proven), ``measurements`` (what the evidence
     was read from: both runs, the overflow traces, the gradient and input checks),
     ``report`` (the CLI's text, options named as keyword arguments), ``charts``
-    (SVG text) and ``model_source`` (how the model became TorchScript)."""
+    (SVG text), ``model_source`` (how the model became TorchScript) and ``loop_lines``
+    (from a training loop's state: the proven fix as the lines to paste into that loop,
+    also in ``proven_fix["loop"]`` and the report; None otherwise)."""
 
-    def __init__(self, native, how, charts):
+    def __init__(self, native, how, charts, loop=False):
         self._dict = json.loads(native["diagnosis"])
         self.report = native["report"]
         self.model_source = how
         self.charts = charts
         for key in ("verdict", "headline", "fixes", "trials", "proven_fix"):
             setattr(self, key, self._dict.get(key))
+        # From a training loop's state: the proven fix as the lines to paste into that loop.
+        self.loop_lines = _loop_lines(self.proven_fix["settings"]) if loop and self.proven_fix else None
+        if self.loop_lines:
+            self.proven_fix = dict(self.proven_fix, loop=self.loop_lines)
+            self.report = self.report.rstrip("\n") + "\nin your loop:\n" + "".join("  %s\n" % l for l in self.loop_lines)
+        elif loop and self.proven_fix:
+            self.report = self.report.rstrip("\n") + ("\nin your loop: not yet (%s needs mixtrain's own optimizers, "
+                                                       "which are not yet in the Python package)\n" % self.proven_fix["flags"])
         self.evidence = list(self._dict.get("findings") or [])  # the report's evidence lines
         self.measurements = self._dict.get("evidence")  # what they were read from: both runs, traces, checks
 
@@ -816,7 +851,7 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
     native, script, how, run = _call("doctor", model, None, valid, out, options, max_samples, extra=extra,
                                      window=(xs, y), loop=loop)
     run.close()
-    return Diagnosis(native, how, dict(native["charts"]))
+    return Diagnosis(native, how, dict(native["charts"]), loop=True)
 
 
 def train(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **options):

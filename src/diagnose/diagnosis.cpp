@@ -153,6 +153,15 @@ nlohmann::json phrases_json(const std::vector<Phrase>& phrases, const OptionWord
 }
 } // namespace
 
+namespace {
+/// A trial's settings by option key, as the run configuration reads them (front ends render their own lines).
+nlohmann::json settings_json(const std::vector<Setting>& settings) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& s : settings) j.push_back({{"key", s.key}, {"value", s.value}});
+  return j;
+}
+} // namespace
+
 std::string Diagnosis::to_json(const OptionWords& words) const {
   nlohmann::json ev = nlohmann::json::object();
   const Evidence& e = evidence;
@@ -186,6 +195,7 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
     return nlohmann::json{{"fix", t.fix.str(words)},
                           {"flags", t.settings_in(words)},
                           {"api", api_of(t)},
+                          {"settings", settings_json(t.settings)},
                           {"finite", t.finite},
                           {"skipped", t.skipped},
                           {"gap_percent", t.gap_percent ? nlohmann::json(*t.gap_percent) : nlohmann::json(nullptr)},
