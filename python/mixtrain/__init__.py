@@ -9,6 +9,13 @@ In a notebook::
     d.proven_fix                         # the fix the doctor tried and saw work
     r = mixtrain.train(model, (x, y), precision="fp16", epochs=3)
 
+In your own loop, the doctor's cures are lines::
+
+    d = mixtrain.doctor(model, batches, optimizer=opt, steps=40)   # from where the loop stands
+    d.loop_lines                                                   # the proven fix, to paste
+    opt = mixtrain.optim.from_torch(opt, weight_update="stochastic")
+    islands = mixtrain.keep_fp32(model, ["head"])
+
 The keyword arguments are the ``mixtrain`` CLI's options (the run layer's option
 table): the same names with underscores, the same defaults and checks. A bad
 value is a ValueError with the CLI's one-line message; Ctrl-C raises
@@ -59,8 +66,10 @@ __version__ = "%s+torch%s.%s" % (_built.VERSION, _built.TORCH_VERSION,
                                  "cu" + _built.CUDA.replace(".", "") if _built.CUDA else "cpu")
 
 from .fp32_islands import Fp32Islands, keep_fp32  # noqa: E402
+from . import optim  # noqa: E402
 
-__all__ = ["doctor", "train", "lr_find", "keep_fp32", "Fp32Islands", "Diagnosis", "Result", "LrFind", "MixtrainWarning"]
+__all__ = ["doctor", "train", "lr_find", "keep_fp32", "Fp32Islands", "optim", "Diagnosis", "Result", "LrFind",
+           "MixtrainWarning"]
 
 
 class MixtrainWarning(RuntimeWarning):
@@ -554,7 +563,7 @@ def _svg_html(svg):
 
 def _loop_lines(settings):
     """A proven fix's settings as lines for the user's own PyTorch loop, or None where the
-    package has nothing to run yet (a bf16-pure update rule needs mixtrain's optimizers)."""
+    package has nothing to run yet (fp32 master weights)."""
     lines, scaler = [], []
     for s in settings:
         key, value = s["key"], s["value"]
@@ -565,6 +574,13 @@ def _loop_lines(settings):
                          "no GradScaler (fp32's exponent range)")
         elif key in ("init_scale", "growth_interval", "growth_factor", "backoff_factor"):
             scaler.append("%s=%s" % (key, value))
+        elif key == "weight_update":
+            lines.append("opt = mixtrain.optim.from_torch(opt, weight_update=%r)  # your optimizer, its state and "
+                         "hyper-parameters, each update rounded %s" % (value, {
+                             "stochastic": "stochastically", "kahan": "with Kahan compensation",
+                             "nearest": "to nearest"}.get(value, value)))
+        elif key == "precision" and value == "bf16-pure":
+            continue  # the loop's own mode (a bf16 model): its other settings say the change
         elif key == "clip":
             lines.append("scaler.unscale_(opt); torch.nn.utils.clip_grad_norm_(model.parameters(), %s)  # before "
                          "scaler.step(opt)" % value)
@@ -598,8 +614,8 @@ class Diagnosis:
             self.proven_fix = dict(self.proven_fix, loop=self.loop_lines)
             self.report = self.report.rstrip("\n") + "\nin your loop:\n" + "".join("  %s\n" % l for l in self.loop_lines)
         elif loop and self.proven_fix:
-            self.report = self.report.rstrip("\n") + ("\nin your loop: not yet (%s needs mixtrain's own optimizers, "
-                                                       "which are not yet in the Python package)\n" % self.proven_fix["flags"])
+            self.report = self.report.rstrip("\n") + ("\nin your loop: not yet (%s has no line for a plain loop in "
+                                                       "this package yet)\n" % self.proven_fix["flags"])
         self.evidence = list(self._dict.get("findings") or [])  # the report's evidence lines
         self.measurements = self._dict.get("evidence")  # what they were read from: both runs, traces, checks
 

@@ -1,0 +1,236 @@
+"""mixtrain.optim in a plain PyTorch loop: torch's own update in fp32 (bitwise), bf16 storage
+with stochastic and Kahan rounding, from_torch with the user's state, state_dict round trips,
+GradScaler and LR schedulers, and bad input in one line."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mixtrain
+from mixtrain import optim
+
+
+class NormMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.norm = nn.LayerNorm(32)
+        self.fc2 = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.norm(self.fc1(x))))
+
+
+def blobs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return x, (x @ torch.randn(8, 3, generator=torch.Generator().manual_seed(1))).argmax(1)
+
+
+def run(model, opt, steps, seed=0, dtype=torch.float32, scheduler=None):
+    x, y = blobs(steps * 16, seed)
+    for i in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[i * 16:(i + 1) * 16].to(dtype)).float(), y[i * 16:(i + 1) * 16]).backward()
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+CASES = [
+    (torch.optim.AdamW, optim.AdamW, dict(lr=1e-2, weight_decay=0.05)),
+    (torch.optim.AdamW, optim.AdamW, dict(lr=1e-2, betas=(0.8, 0.95), amsgrad=True)),
+    (torch.optim.Adam, optim.Adam, dict(lr=1e-2, weight_decay=1e-3)),
+    (torch.optim.Adam, optim.Adam, dict(lr=1e-2, amsgrad=True, maximize=True)),
+    (torch.optim.SGD, optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)),
+    (torch.optim.SGD, optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.1)),
+    (torch.optim.SGD, optim.SGD, dict(lr=0.05)),
+]
+
+
+@pytest.mark.parametrize("theirs,ours,kwargs", CASES, ids=[c[0].__name__ + str(i) for i, c in enumerate(CASES)])
+def test_in_fp32_each_step_is_torchs_bitwise(theirs, ours, kwargs):
+    torch.manual_seed(0)
+    a = NormMlp()
+    b = copy.deepcopy(a)
+    ta, tb = theirs(a.parameters(), foreach=False, **kwargs), ours(b.parameters(), weight_update="stochastic", **kwargs)
+    sa = torch.optim.lr_scheduler.StepLR(ta, step_size=4, gamma=0.5)
+    sb = torch.optim.lr_scheduler.StepLR(tb, step_size=4, gamma=0.5)
+    run(a, ta, 12, scheduler=sa)
+    run(b, tb, 12, scheduler=sb)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)  # fp32 storage rounds by no rule: the stochastic one does not apply
+    # The state in torch's own layout, both ways.
+    ta2 = theirs(a.parameters(), **kwargs)
+    ta2.load_state_dict(tb.state_dict())
+    tb2 = ours(b.parameters(), **kwargs)
+    tb2.load_state_dict(ta.state_dict())
+    for key in ta.state_dict()["state"].get(0, {}):  # (SGD without momentum keeps none)
+        assert torch.equal(ta.state_dict()["state"][0][key], tb.state_dict()["state"][0][key]), key
+
+
+def test_bf16_storage_holds_8_bytes_a_parameter_and_learns_where_nearest_stalls():
+    """The new user's case in small: a pretrained LayerNorm MLP fine-tuned in bf16 at a small lr."""
+    torch.manual_seed(0)
+    pretrained = NormMlp()
+    run(pretrained, torch.optim.AdamW(pretrained.parameters(), lr=3e-3), 40, seed=1)
+    x, y = blobs(512, 9)
+
+    def finetune(make_opt, dtype):
+        model = copy.deepcopy(pretrained).to(dtype)
+        opt = make_opt(model.parameters())
+        run(model, opt, 60, seed=2, dtype=dtype)
+        with torch.no_grad():
+            return nn.functional.cross_entropy(model(x.to(dtype)).float(), y).item(), model, opt
+
+    lr = 2e-4
+    start = nn.functional.cross_entropy(pretrained(x), y).item()
+    fp32, _, _ = finetune(lambda p: torch.optim.AdamW(p, lr=lr), torch.float32)
+    bf16, _, _ = finetune(lambda p: torch.optim.AdamW(p, lr=lr), torch.bfloat16)
+    stochastic, model, opt = finetune(lambda p: optim.AdamW(p, lr=lr, weight_update="stochastic"), torch.bfloat16)
+    kahan, _, _ = finetune(lambda p: optim.AdamW(p, lr=lr, weight_update="kahan"), torch.bfloat16)
+    assert start - fp32 > 0.01
+    assert start - bf16 < 0.5 * (start - fp32), (start, fp32, bf16)      # torch's bf16 AdamW stalls
+    assert abs(stochastic - fp32) < 0.01 * fp32, (fp32, stochastic)        # ours lands within 1% of fp32
+    assert abs(kahan - fp32) < 0.01 * fp32, (fp32, kahan)
+    state = opt.state[model.fc1.weight]
+    assert model.fc1.weight.dtype == state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+    lost = opt.lost_updates()
+    assert 0 < lost["fraction"] < 1 and lost["weight_update"] == "stochastic"
+    assert opt.lost_updates()["fraction"] == 0.0  # counted since the last call
+
+
+def test_from_torch_keeps_the_users_state_and_groups_and_goes_on():
+    torch.manual_seed(0)
+    model = NormMlp().to(torch.bfloat16)
+    theirs = torch.optim.AdamW([{"params": [model.fc1.weight, model.fc1.bias], "lr": 1e-3},
+                                {"params": list(model.norm.parameters()) + list(model.fc2.parameters()), "lr": 5e-4}],
+                               weight_decay=0.02)
+    run(model, theirs, 5, dtype=torch.bfloat16)
+    ours = optim.from_torch(theirs, weight_update="stochastic")
+    assert isinstance(ours, optim.AdamW) and ours.weight_update == "stochastic"
+    assert [g["lr"] for g in ours.param_groups] == [1e-3, 5e-4]
+    assert all(g["weight_decay"] == 0.02 for g in ours.param_groups)
+    assert torch.equal(ours.state[model.fc1.weight]["exp_avg"], theirs.state[model.fc1.weight]["exp_avg"])
+    assert ours.state[model.fc1.weight]["step"].item() == 5
+    run(model, ours, 5, dtype=torch.bfloat16)
+    assert ours.state[model.fc1.weight]["step"].item() == 10
+    # And back: torch's AdamW takes our state as its own.
+    again = torch.optim.AdamW([{"params": [model.fc1.weight, model.fc1.bias]},
+                               {"params": list(model.norm.parameters()) + list(model.fc2.parameters())}])
+    again.load_state_dict(ours.state_dict())
+    assert again.param_groups[1]["lr"] == 5e-4
+    assert torch.equal(again.state[model.fc1.weight]["exp_avg"], ours.state[model.fc1.weight]["exp_avg"])
+
+
+def test_a_grad_scaler_steps_it_under_fp16_autocast():
+    torch.manual_seed(0)
+    model = NormMlp()
+    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_update="stochastic")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    x, y = blobs(256, 3)
+    losses = []
+    for i in range(16):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(x[i * 16:(i + 1) * 16]), y[i * 16:(i + 1) * 16])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_bad_input_is_one_line():
+    with pytest.raises(ValueError, match=r"cannot convert a RMSprop: mixtrain.optim has AdamW, Adam and SGD"):
+        optim.from_torch(torch.optim.RMSprop(NormMlp().parameters()))
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(ValueError, match="is not a leaf tensor"):
+        optim.AdamW([w * 2])
+    with pytest.raises(ValueError, match="fp16 parameters take 'nearest' only"):
+        optim.AdamW(NormMlp().half().parameters(), weight_update="stochastic")
+    with pytest.raises(ValueError, match=r"unknown weight_update='sloppy' \(choices: nearest, stochastic, kahan\)"):
+        optim.SGD(NormMlp().parameters(), weight_update="sloppy")
+    opt = optim.AdamW(NormMlp().parameters())
+    with pytest.raises(ValueError, match="is mixtrain's already"):
+        optim.from_torch(opt)
+
+
+class TinyEncoder(nn.Module):
+    """A small pretrained-style transformer classifier: embedding, one encoder layer, a norm, a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 32)
+        self.block = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.head(self.norm(self.block(self.emb(x))).mean(1))
+
+
+def sequences(n, seed, threshold=6):
+    """Sequences of 12 tokens, labelled by how many are below 8 (a task a mean-pooled encoder
+    learns), a fifth of the labels flipped (a loss that stays near 0.5, as a language model's
+    stays well above 0); a fine-tune moves the threshold."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 16, (n, 12), generator=g)
+    y = ((x < 8).sum(1) > threshold).long()
+    flip = torch.rand(n, generator=g) < 0.2
+    return x, torch.where(flip, 1 - y, y)
+
+
+def test_the_new_users_case_doctor_then_the_line_then_fp32s_result():
+    """A plain loop fine-tunes a pretrained transformer in bf16 with AdamW at a small lr and
+    stalls; the doctor says lost_updates and hands over the line; the loop runs it, goes on,
+    and ends within 1% of the fp32 loop's validation loss, on 8 bytes a parameter."""
+    torch.manual_seed(0)
+    model = TinyEncoder()
+    x, y = sequences(4096, 1)
+    pre = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for i in range(150):
+        pre.zero_grad()
+        nn.functional.cross_entropy(model(x[i * 16 % 4096:(i * 16 % 4096) + 16]), y[i * 16 % 4096:(i * 16 % 4096) + 16]).backward()
+        pre.step()
+    vx, vy = sequences(512, 2, threshold=5)
+    fx, fy = sequences(4096, 3, threshold=5)  # the fine-tuning data: the threshold moved
+    batches = [(fx[i:i + 32], fy[i:i + 32]) for i in range(0, len(fx), 32)]
+    fp32 = copy.deepcopy(model)
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    lr = 1e-4
+    fp32_opt = torch.optim.AdamW(fp32.parameters(), lr=lr)
+    opt = torch.optim.AdamW(bf16.parameters(), lr=lr)
+
+    def steps(m, o, chunk, dtype):
+        for xb, yb in chunk:
+            o.zero_grad()
+            nn.functional.cross_entropy(m(xb).float(), yb).backward()
+            o.step()
+
+    def valid(m):
+        with torch.no_grad():
+            return nn.functional.cross_entropy(m(vx).float(), vy).item()
+
+    start = valid(fp32)
+    steps(fp32, fp32_opt, batches[:40], torch.float32)
+    steps(bf16, opt, batches[:40], torch.bfloat16)
+    assert start - valid(bf16) < 0.5 * (start - valid(fp32))  # the stall: at most half of fp32's progress
+
+    d = mixtrain.doctor(bf16, iter(batches[40:]), optimizer=opt, steps=40, valid=(vx, vy), threads=1)
+    assert d.verdict == "lost_updates", d.report
+    assert d.loop_lines == ["opt = mixtrain.optim.from_torch(opt, weight_update='stochastic')  # your optimizer, its "
+                            "state and hyper-parameters, each update rounded stochastically"], d.report
+    exec(d.loop_lines[0].split("#")[0], {"mixtrain": mixtrain}, scope := {"opt": opt})
+    opt = scope["opt"]
+    # The loop goes on after the window the doctor read (the fp32 loop trains on those batches,
+    # so both take the same number of steps), then both finish the fine-tune.
+    steps(fp32, fp32_opt, batches[40:80], torch.float32)
+    for _ in range(3):
+        steps(fp32, fp32_opt, batches, torch.float32)
+        steps(bf16, opt, batches, torch.bfloat16)
+    print("validation loss: start %.4f, fp32 %.4f, bf16 with the cure %.4f" % (start, valid(fp32), valid(bf16)))
+    assert abs(valid(bf16) - valid(fp32)) < 0.01 * valid(fp32), (start, valid(fp32), valid(bf16))
+    for p in bf16.parameters():  # 2 bytes a weight, 2 a gradient, 2 + 2 of AdamW's state
+        assert p.dtype == opt.state[p]["exp_avg"].dtype == opt.state[p]["exp_avg_sq"].dtype == torch.bfloat16
