@@ -134,6 +134,17 @@ class _RoundedOptimizer(torch.optim.Optimizer):
     def _fp32(self, t):
         return t if t.dtype == torch.float32 else t.float()
 
+    def _in_fp32(self, p, group):
+        """The gradient (negated to maximize), the parameter to update and its old value, in
+        fp32: fp32 storage is updated in place, as torch does (its old value is not kept: it
+        rounds nothing away), other storage on fp32 copies."""
+        grad = self._fp32(p.grad)
+        if group["maximize"]:
+            grad = -grad
+        if p.dtype == torch.float32:
+            return grad, p, None
+        return grad, p.float(), p.float()
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -175,12 +186,7 @@ class Adam(_RoundedOptimizer):
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        grad = self._fp32(p.grad)
-        if group["maximize"]:
-            grad = -grad
-        # fp32 storage is updated in place, as torch does; other storage on fp32 copies.
-        param = p if p.dtype == torch.float32 else p.float()
-        old = None if p.dtype == torch.float32 else p.float()  # fp32 storage rounds nothing away: not counted
+        grad, param, old = self._in_fp32(p, group)
         exp_avg, exp_avg_sq = self._fp32(state["exp_avg"]), self._fp32(state["exp_avg_sq"])
         state["step"] += 1
         if wd != 0:
@@ -238,11 +244,7 @@ class SGD(_RoundedOptimizer):
             state["step"] = torch.tensor(0.0, dtype=torch.float32)  # the stochastic rounding's stream
         state["step"] += 1
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        grad = self._fp32(p.grad)
-        if group["maximize"]:
-            grad = -grad
-        param = p if p.dtype == torch.float32 else p.float()
-        old = None if p.dtype == torch.float32 else p.float()  # fp32 storage rounds nothing away: not counted
+        grad, param, old = self._in_fp32(p, group)
         if wd != 0:
             grad = grad.add(param, alpha=wd)
         if momentum != 0:
