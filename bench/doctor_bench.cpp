@@ -75,6 +75,7 @@ int main() {
     std::vector<double> ratios;
     std::string verdict;
     size_t trials = 0, head_starts = 0, side_by_side = 0;
+    std::vector<std::pair<std::string, double>> timing;  // the last round's split (Diagnosis::timing)
     double median() {
       std::sort(ratios.begin(), ratios.end());
       return ratios[ratios.size() / 2];
@@ -100,6 +101,7 @@ int main() {
                        ? std::string()
                        : d.proven_fix ? ", proven: " + d.trials[*d.proven_fix].fix.str() : ", nothing proven");
     arm.trials = d.trials.size();
+    arm.timing = d.timing;
     arm.side_by_side += d.evidence.side_by_side;
     arm.head_starts += !d.trials.empty() && d.trials[0].head_start;
   };
@@ -131,6 +133,10 @@ int main() {
                        ")";
     std::printf("doctor, lr 2e-4, %s (%s; %zu trial(s)): %.2fx one fp32 run (goal <= 3.0x)\n", how.c_str(),
                 cured[way].verdict.c_str(), cured[way].trials, cured[way].median());
+    std::string split;
+    for (const auto& [phase, seconds] : cured[way].timing)
+      split += (split.empty() ? "" : ", ") + phase + " " + std::to_string(seconds).substr(0, 5) + " s";
+    std::printf("  where its time went (last round): %s\n", split.c_str());
     if (way < 2)
       std::printf("doctor, lr 1e-3, %s (%s): %.2fx one fp32 run (goal <= 2.2x)\n", way == 0 ? "side by side" : "in turn",
                   healthy[way].verdict.c_str(), healthy[way].median());

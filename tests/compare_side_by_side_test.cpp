@@ -332,6 +332,14 @@ TEST_F(CompareSideBySideTest, ByDefaultTwoDoctorsOfOneRunGiveBitwiseTheSameTrial
     EXPECT_FALSE(first.d.trials[0].head_start);
     expect_same_pair_evidence(first.d, second.d);
     expect_same_trials(first.d, second.d);
+    // Where the time went, phase by phase (doctor_bench prints it; diagnosis.json keeps it).
+    ASSERT_EQ(first.d.timing.size(), 4u);
+    const std::vector<std::string> phases{"setup", "pair", "after", "trials"};
+    for (size_t i = 0; i < phases.size(); ++i) {
+      EXPECT_EQ(first.d.timing[i].first, phases[i]);
+      EXPECT_GE(first.d.timing[i].second, 0);
+    }
+    EXPECT_TRUE(nlohmann::json::parse(first.d.to_json()).at("timing").contains("trials"));
   }
 }
 

@@ -53,7 +53,7 @@ def _check_params(groups, weight_update):
                                  "train fp32 parameters under torch.autocast with a GradScaler)" % weight_update)
 
 
-_MASK_HIGH16 = -65536  # 0xffff0000 as an int32: the bits a bf16 keeps
+_MASK_HIGH16 = ~0xFFFF  # 0xffff0000 as an int32: the bits a bf16 keeps
 
 
 def _stochastic_bf16(x32, generator):

@@ -606,6 +606,13 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;
   const bool fp16 = o.precision() == Precision::kFp16;
+  std::vector<std::pair<std::string, double>> timing;
+  auto phase_start = std::chrono::steady_clock::now();
+  const auto phase_ends = [&](const char* phase) {
+    const auto now = std::chrono::steady_clock::now();
+    timing.emplace_back(phase, std::chrono::duration<double>(now - phase_start).count());
+    phase_start = now;
+  };
 
   torch::manual_seed(o.seed());
   std::unique_ptr<Learner> baseline = make_learner();
@@ -683,6 +690,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
       }
       std::cout << "doctor: the fp32 baseline trains beside the " << precision_name(o.precision()) << " run, "
                 << at::get_num_threads() / 2 << " thread(s) each" << std::endl;
+      phase_ends("setup");
       // Once the run has ended (a head start still training): the verdict, handed to the
       // caller as it would be before any trial (bf16-pure only, whose evidence has no
       // overflow trace), and whether it tries the head start first.
@@ -713,12 +721,14 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   if (ev.side_by_side) {
     ev.fp32 = summarize_run(*baseline, "fp32");
   } else {
+    if (timing.empty()) phase_ends("setup");
     fit(*baseline, o);
     ev.fp32 = summarize_run(*baseline, "fp32");
     mixed = make_mixed();
     trace_start_of(*mixed);
     fit(*mixed, o);
   }
+  phase_ends("pair");
   ev.trace_start = std::move(trace_start);
   const data::Batch probe = probe_batch(*mixed);
   ev.mixed = summarize_run(*mixed, precision_name(o.precision()));
@@ -728,6 +738,8 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
   }
   Diagnosis d = decide(std::move(ev));
+  phase_ends("after");
+  d.timing = timing;
   report_progress(d, o);  // the verdict is kept before any trial can die or be stopped
   const TrialRunner from_scratch = [&](const MixedRun& t, std::string* next_overflow) {
     std::unique_ptr<Learner> learn = make_trial_learner(t);
@@ -736,6 +748,8 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     return summarize_run(*learn, precision_name(t.precision));
   };
   try_fixes(d, from_scratch, o, head.get());
+  phase_ends("trials");
+  d.timing = timing;
   return d;
 }
 

@@ -208,6 +208,11 @@ std::string Diagnosis::to_json(const OptionWords& words) const {
   };
   for (const auto& t : trials) j["trials"].push_back(trial_json(t));
   j["trials_status"] = trials_status;
+  if (!timing.empty()) {
+    nlohmann::json t = nlohmann::json::object();
+    for (const auto& [phase, seconds] : timing) t[phase] = seconds;
+    j["timing"] = t;
+  }
   j["trials_stopped"] = trials_stopped.empty() ? nlohmann::json(nullptr) : nlohmann::json(trials_stopped);
   j["proven_fix"] = proven_fix ? trial_json(trials[*proven_fix]) : nlohmann::json(nullptr);
   if (replay) {

@@ -196,6 +196,11 @@ struct Diagnosis {
   std::string trials_stopped;
   /// Set when the pair was replayed from a run's checkpoint (mixtrain doctor --from).
   std::optional<Replay> replay;
+  /// Where a from-scratch doctor's time went, in order (diagnosis.json's "timing"):
+  /// "setup" (the learners, the starting validation, the probes), "pair" (the fp32 and mixed
+  /// runs, beside each other or in turn), "after" (the overflow trace at the end, gradient
+  /// health, the verdict) and "trials" (each also in Trial::seconds).
+  std::vector<std::pair<std::string, double>> timing;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
   /// A short, readable report (what `mixtrain doctor` prints), options named in `words`.
