@@ -306,6 +306,14 @@ TEST(CliBranchTest, ARunThatGoesNanMidTrainingIsDiagnosedAndContinuedFromItsChec
   EXPECT_TRUE(std::isfinite(fixed));
   EXPECT_LT(std::abs(fixed - base) / base, 0.015) << "fp32 " << base << ", continued with the island " << fixed;
 
+  // Continued from the stop state with the proven island: not at the scale the run's
+  // back-offs collapsed, but at the one its last skipped steps started from (said).
+  const std::string island = scratch_dir("branch_growing_island_at_stop");
+  const CliResult i = run_cli("train --from " + run + " --at 90 --keep-fp32 head --out " + island);
+  ASSERT_EQ(i.code, 0) << i.out << i.err;
+  EXPECT_NE(i.out.find("the run's loss scale had collapsed to"), std::string::npos) << i.out;
+  EXPECT_TRUE(std::isfinite(read_json(island + "/summary.json").at("valid_loss").get<double>()));
+
   // Continued from the stop state in bf16: the new run's own table, counts and charts, not
   // the parent's inf and skips.
   const std::string bf16 = scratch_dir("branch_growing_bf16");

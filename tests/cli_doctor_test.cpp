@@ -69,6 +69,45 @@ TEST(CliDoctorTest, OneSigtermDuringTheTrialsKeepsTheDiagnosis) {
   EXPECT_FALSE(j.at("fixes").empty());
 }
 
+/// diagnosis.json without its wall-clock times (trials[].seconds, timing, replay's seconds).
+nlohmann::json without_seconds(nlohmann::json j) {
+  if (j.is_object()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (auto& [key, value] : j.items())
+      if (key != "seconds" && key != "timing" && key.find("_seconds") == std::string::npos) out[key] = without_seconds(value);
+    return out;
+  }
+  if (j.is_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (auto& value : j) out.push_back(without_seconds(value));
+    return out;
+  }
+  return j;
+}
+
+// The same doctor twice on the same machine and thread count gives the same diagnosis.json,
+// bit for bit but for its wall-clock times: the verdict, the evidence and every trial's numbers
+// (the README's lost_updates case, whose trial the head start once made differ between
+// doctors), on both bf16 paths.
+TEST(CliDoctorTest, TheSameDoctorTwiceGivesTheSameDiagnosis) {
+  for (const char* real_bf16 : {"0", "1"}) {
+    SCOPED_TRACE(std::string("MIXTRAIN_CPU_BF16=") + real_bf16);
+    nlohmann::json first;
+    for (int round = 0; round < 2; ++round) {
+      const std::string out = test::scratch_dir(std::string("doctor_twice_") + real_bf16 + "_" + std::to_string(round));
+      const CliResult r = run_cli("doctor --model mlp --precision bf16-pure --limit 2048 --lr 1e-4 --epochs 2 --threads 2 --out " +
+                                      out,
+                                  std::string("MIXTRAIN_CPU_BF16=") + real_bf16 + " ");
+      ASSERT_EQ(r.code, 1) << r.out << r.err;
+      const nlohmann::json j = without_seconds(read_json(out + "/diagnosis.json"));
+      EXPECT_EQ(j.at("verdict"), "lost_updates");
+      EXPECT_FALSE(j.at("trials").empty());
+      if (round == 0) first = j;
+      else EXPECT_EQ(j.dump(), first.dump());
+    }
+  }
+}
+
 TEST(CliDoctorTest, BadFlagsAreOneLineErrors) {
   expect_usage_error("doctor --precision fp32", "the doctor compares fp32 with --precision fp16, --precision bf16 or "
                                                 "--precision bf16-pure (default: fp16), not fp32");

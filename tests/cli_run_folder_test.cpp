@@ -46,7 +46,9 @@ TEST(CliRunFolderTest, NoPathFormOfAFinishedRunLetsANewRunRemoveItsCheckpoints) 
   const std::string run = finished_run("folder_old");
   const auto before = checkpoints_of(run);
   ASSERT_EQ(before.size(), 2u);
-  for (const std::string& form : {run + "/", run + "/x/..", run + "/./", run + "/x/y/../..", run + "//"}) {
+  const std::string alias = scratch_dir("folder_old_alias") + "/alias";  // a link to the run, and through it
+  fs::create_directory_symlink(run, alias);
+  for (const std::string& form : {run + "/", run + "/x/..", run + "/./", run + "/x/y/../..", run + "//", alias, alias + "/x/.."}) {
     SCOPED_TRACE(form);
     expect_usage_error(kFolderRun + "--out " + form, "holds a finished run");
     EXPECT_EQ(checkpoints_of(run), before);

@@ -142,15 +142,15 @@ void check_recorded_run(const RunConfig& as_written, const std::string& checkpoi
   check_same_inputs(recorded->inputs, input_fingerprints(as_written), as_written, words);
 }
 
-/// The loss scale a branch goes on at: the run's, unless its last steps were all skipped
-/// (a scale that collapsed, backed off at every step, as before a NaN stop): then the scale
-/// those skipped steps started from, the last one that worked. `said` gets a sentence
-/// when it is not the run's own.
+/// The loss scale a branch goes on at: the run's, unless its last kMinCompareSteps steps or
+/// more were all skipped (a scale that collapsed, backed off at every step, as before a NaN
+/// stop; a skip or two is a scale finding its level): then the scale those skipped steps
+/// started from, the last one that worked. `said` gets a sentence when it is not the run's own.
 double working_scale(const Recorder& rec, double current, std::string* said = nullptr) {
   const auto& steps = rec.steps();
   size_t streak = 0;
   while (streak < steps.size() && steps[steps.size() - 1 - streak].skipped) ++streak;
-  if (streak < 2) return current;
+  if (streak < static_cast<size_t>(diagnose::kMinCompareSteps)) return current;
   const double before = steps[steps.size() - streak].scale;
   if (!std::isfinite(before) || before <= current) return current;
   if (said)

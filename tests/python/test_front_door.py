@@ -785,8 +785,18 @@ def test_a_loops_window_says_what_it_used_and_leaves_the_callers_random_state(ca
     x, y = blobs(2048)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True)
     rng = torch.get_rng_state()
+    state = copy.deepcopy(opt.state_dict())
+    weights = copy.deepcopy(model.state_dict())
     mixtrain.doctor(model, loader, optimizer=opt, steps=16, precision="bf16", threads=1, no_trials=True)
     assert torch.equal(torch.get_rng_state(), rng), "the shuffle moved the caller's generator"
+    # The caller's optimizer state and weights, bit for bit as they were.
+    after = opt.state_dict()
+    assert after["param_groups"] == state["param_groups"]
+    for i, s in state["state"].items():
+        for key, value in s.items():
+            assert torch.equal(after["state"][i][key], value), (i, key)
+    for key, value in weights.items():
+        assert torch.equal(model.state_dict()[key], value) and model.state_dict()[key].dtype == value.dtype, key
     it = iter(batches[20:])
     d = mixtrain.doctor(model, it, optimizer=opt, steps=16, precision="bf16", threads=1, no_trials=True)
     out = capfd.readouterr().out
