@@ -113,6 +113,8 @@ def keep_fp32(model, names):
         raise ValueError("keep_fp32 takes an eager torch.nn.Module, not %s" % type(model).__name__)
     if isinstance(names, str):
         names = [names]
+    if not isinstance(names, (list, tuple)) or not names:
+        raise ValueError("keep_fp32 takes module names (a name, or a list of them), got %r" % (names,))
     known = [n for n, _ in model.named_modules() if n]
     chosen = []
     for pattern in names:

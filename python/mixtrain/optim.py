@@ -268,6 +268,8 @@ def from_torch(optimizer, weight_update="stochastic", seed=0):
     back by `weight_update`. The state keeps its tensors' dtypes (a bf16 model's moments stay
     bf16: 8 bytes a parameter with AdamW)."""
     _check_rule(weight_update)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError("from_torch takes a torch.optim optimizer, got %s" % type(optimizer).__name__)
     if isinstance(optimizer, _RoundedOptimizer):
         raise ValueError("the optimizer is mixtrain's already (weight_update=%r)" % optimizer.weight_update)
     groups = []

@@ -98,6 +98,9 @@ def test_patterns_and_bad_names():
     assert all(model.blocks[i][1].weight.dtype == torch.bfloat16 for i in range(3))
     with pytest.raises(ValueError, match=r"the model has no module 'head'; its modules: blocks, blocks\.0"):
         mixtrain.keep_fp32(model, ["head"])
+    for nothing in ([], None):
+        with pytest.raises(ValueError, match="keep_fp32 takes module names"):
+            mixtrain.keep_fp32(model, nothing)
     with pytest.raises(ValueError, match="eager torch.nn.Module"):
         mixtrain.keep_fp32(torch.jit.script(nn.Linear(2, 2)), ["x"])
 

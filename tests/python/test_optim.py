@@ -155,6 +155,8 @@ def test_bad_input_is_one_line():
     opt = optim.AdamW(NormMlp().parameters())
     with pytest.raises(ValueError, match="is mixtrain's already"):
         optim.from_torch(opt)
+    with pytest.raises(ValueError, match="from_torch takes a torch.optim optimizer, got str"):
+        optim.from_torch("adamw")
 
 
 class TinyEncoder(nn.Module):
