@@ -421,7 +421,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   const RunFolder run(from);
   std::error_code ec;
   if (!std::filesystem::is_directory(from, ec))
-    throw OptionError("from_run", Phrase::name("from_run") + " " + from + " is not a run folder (no such directory)");
+    throw OptionError("from_run", Phrase::name("from_run") + " " + from + " is not a run folder (no such directory, or not a directory)");
   // The run's own flags: any other given is refused, rather than silently ignored.
   const RunArgs defaults = defaults_for(Command::kDoctor);
   for (const Option& o : options()) {
@@ -655,7 +655,7 @@ BranchStart start_from_run(RunArgs& a) {
                                       Phrase::name("resume") + " continues a run in its own folder: pass one of them");
   std::error_code ec;
   if (!std::filesystem::is_directory(start.from, ec))
-    throw OptionError("from_run", Phrase::name("from_run") + " " + start.from + " is not a run folder (no such directory)");
+    throw OptionError("from_run", Phrase::name("from_run") + " " + start.from + " is not a run folder (no such directory, or not a directory)");
   try {
     start.trained = RunFolder(start.from).read_config();
   } catch (const c10::Error& e) {
