@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 import mixtrain
+from shared_models import Overflowing  # tests/python/shared_models.py
 
 
 def blobs(n=1024, seed=0):
@@ -35,21 +36,6 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         return self.head(self.body(x))
-
-
-class Overflowing(nn.Module):
-    """A projection whose outputs pass fp16's 65504 on normalized inputs, then normalized."""
-
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(20, 32)
-        self.norm = nn.LayerNorm(32)
-        self.head = nn.Linear(32, 3)
-        with torch.no_grad():
-            self.proj.weight.mul_(50000)
-
-    def forward(self, x):
-        return self.head(self.norm(self.proj(x)))
 
 
 class DictOut(nn.Module):  # Hugging Face's shape

@@ -5,21 +5,7 @@ import torch
 import torch.nn as nn
 
 import mixtrain
-
-
-class Overflowing(nn.Module):
-    """A projection whose outputs pass fp16's 65504 on normalized inputs, then normalized."""
-
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(20, 32)
-        self.norm = nn.LayerNorm(32)
-        self.head = nn.Linear(32, 3)
-        with torch.no_grad():
-            self.proj.weight.mul_(50000)
-
-    def forward(self, x):
-        return self.head(self.norm(self.proj(x)))
+from shared_models import Overflowing  # tests/python/shared_models.py
 
 
 def blobs(n=512, seed=0):
@@ -28,14 +14,10 @@ def blobs(n=512, seed=0):
     return x, (x @ torch.randn(20, 3, generator=torch.Generator().manual_seed(2))).argmax(1)
 
 
-def fp16_loop(model, steps=20):
+def fp16_steps(model, batches, opt, scaler):
     """The user's fp16 loop, as torch 2.13 runs it on the CPU: autocast and a GradScaler."""
-    x, y = blobs()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu")
     losses = []
-    for i in range(steps):
-        xb, yb = x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]
+    for xb, yb in batches:
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
             loss = nn.functional.cross_entropy(model(xb), yb)
@@ -44,6 +26,12 @@ def fp16_loop(model, steps=20):
         scaler.update()
         losses.append(loss.item())
     return losses
+
+
+def fp16_loop(model, steps=20):
+    x, y = blobs()
+    return fp16_steps(model, [(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(steps)],
+                      torch.optim.AdamW(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu"))
 
 
 def test_an_island_makes_an_overflowing_fp16_loop_train_finite():
@@ -112,13 +100,7 @@ def test_the_doctor_from_an_fp16_loop_proves_the_island_and_hands_over_the_line(
     batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, len(x), 32)]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
-    for xb, yb in batches[:4]:  # the user's loop: every step overflows and is skipped
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = nn.functional.cross_entropy(model(xb), yb)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
+    fp16_steps(model, batches[:4], opt, scaler)  # the user's loop: every step overflows and is skipped
     d = mixtrain.doctor(model, iter(batches[4:]), optimizer=opt, scaler=scaler, steps=16, threads=1)
     assert d.verdict == "forward_overflow", d.report
     assert d.proven_fix is not None, d.report
@@ -126,14 +108,6 @@ def test_the_doctor_from_an_fp16_loop_proves_the_island_and_hands_over_the_line(
     assert "in your loop:\n  islands = mixtrain.keep_fp32(model, ['proj'])" in d.report
     # The loop runs the line and goes on, finite.
     islands = eval(d.loop_lines[0].split("=", 1)[1].split("#")[0], {"mixtrain": mixtrain, "model": model})
-    losses = []
-    for xb, yb in batches[20:40]:
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = nn.functional.cross_entropy(model(xb), yb)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.item())
+    losses = fp16_steps(model, batches[20:40], opt, scaler)
     assert all(torch.isfinite(torch.tensor(losses))), losses
     islands.remove()
