@@ -438,7 +438,8 @@ std::vector<Option> make_table() {
           .no_default().not_keyword().field<std::string>(MIXTRAIN_ARGS(from_run)));
   add(Def("at", "--at", ValueType::kInt, kT | kD, "With --from: start from the checkpoint of this training step (default: the newest)")
           .in(Command::kDoctor, "With --from: branch from the checkpoint of this training step (default: the newest "
-                                "the run went on from for a whole window, or the state a stopped run stopped in)")
+                                "the run went on from for a whole window; for a run that went wrong, the newest before its first NaN/inf loss, "
+                                "else the state it stopped in)")
           .no_default().not_keyword().field<int64_t>(MIXTRAIN_ARGS(at)));  // -1: chosen; checked by doctor_from
   add(Def("window", "--window", ValueType::kInt, kD,
           "With --from: training steps replayed in each arm (default: 100, or what the run has left; at least 8)")
