@@ -40,6 +40,18 @@ struct TinyTransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyTransformer);
 
+/// A factory of Learners from `make`, each starting from `weights` (the pretrained state).
+template <typename Make>
+mixtrain::diagnose::LearnerFactory starting_from(Make make, const std::vector<torch::Tensor>& weights) {
+  return [make, &weights] {
+    auto learn = make();
+    torch::NoGradGuard no_grad;
+    const auto state = learn->model().state_tensors();
+    for (size_t i = 0; i < state.size(); ++i) state[i].copy_(weights[i]);
+    return learn;
+  };
+}
+
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 
@@ -70,13 +82,7 @@ int main() {
     pre->fit_one_cycle(2, 1e-2);
     for (const auto& t : pre->model().state_tensors()) pretrained.push_back(t.detach().clone());
   }
-  const mixtrain::diagnose::LearnerFactory from_pretrained = [&] {
-    auto learn = learner();
-    torch::NoGradGuard no_grad;
-    const auto state = learn->model().state_tensors();
-    for (size_t i = 0; i < state.size(); ++i) state[i].copy_(pretrained[i]);
-    return learn;
-  };
+  const mixtrain::diagnose::LearnerFactory from_pretrained = starting_from(learner, pretrained);
   auto doctor = [&](double lr, bool side_by_side, bool head_start) {
     return mixtrain::diagnose::compare(from_pretrained, mixtrain::diagnose::CompareOptions()
                                                             .epochs(kEpochs)
@@ -185,13 +191,7 @@ int main() {
       for (const auto& t : pre->model().state_tensors()) weights.push_back(t.detach().clone());
     }
     rule = 14;
-    const mixtrain::diagnose::LearnerFactory fine_tune = [&] {
-      auto learn = transformer();
-      torch::NoGradGuard no_grad;
-      const auto state = learn->model().state_tensors();
-      for (size_t i = 0; i < state.size(); ++i) state[i].copy_(weights[i]);
-      return learn;
-    };
+    const mixtrain::diagnose::LearnerFactory fine_tune = starting_from(transformer, weights);
     std::vector<double> ratios;
     mixtrain::diagnose::Diagnosis last;
     for (int round = 0; round < 3; ++round) {

@@ -65,7 +65,7 @@ from . import _build_info as _built  # noqa: E402
 __version__ = "%s+torch%s.%s" % (_built.VERSION, _built.TORCH_VERSION,
                                  "cu" + _built.CUDA.replace(".", "") if _built.CUDA else "cpu")
 
-from .fp32_islands import Fp32Islands, keep_fp32  # noqa: E402
+from .fp32_islands import Fp32Islands, HeldInFp32, keep_fp32  # noqa: E402
 from . import optim  # noqa: E402
 
 __all__ = ["doctor", "train", "lr_find", "keep_fp32", "Fp32Islands", "optim", "Diagnosis", "Result", "LrFind",
@@ -459,7 +459,7 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
                                                settings["keep_fp32"].split(",")))
     # bf16 values in fp32 storage while mixtrain runs it (exact both ways); each parameter and
     # buffer gets its own dtype back afterwards.
-    storage = _Fp32Storage(model) if stored == torch.bfloat16 or islands else None
+    storage = HeldInFp32([model]) if stored == torch.bfloat16 or islands else None
     precision = settings.get("precision", rows["precision"]["default"])
     loss = options.get("loss") or rows["loss"]["default"]
     run = _Run(out)
@@ -483,34 +483,6 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
             # Parameters as they came, but where train() handed back fp32 weights (said so);
             # buffers always as they came.
             storage.restore(parameters=command != "train" or precision == "bf16-pure")
-
-
-class _Fp32Storage:
-    """The model's floating parameters and buffers that are not fp32, held in fp32 storage
-    while mixtrain runs it (model.float() would lose which were which: a bf16 model's fp32
-    buffer came back bf16, rounded, and a bf16 buffer beside fp32 islands came back fp32)."""
-
-    def __init__(self, model):
-        self.params, seen = [], set()
-        for p in model.parameters():
-            if p.is_floating_point() and p.dtype != torch.float32 and id(p) not in seen:
-                seen.add(id(p))
-                self.params.append((p, p.dtype))
-        self.buffers = [(m, n, b.dtype) for m in model.modules() for n, b in m._buffers.items()
-                        if b is not None and b.is_floating_point() and b.dtype != torch.float32]
-        with torch.no_grad():
-            for p, _ in self.params:
-                p.data = p.data.float()
-            for m, n, _ in self.buffers:
-                m._buffers[n] = m._buffers[n].float()
-
-    def restore(self, parameters=True):
-        with torch.no_grad():
-            if parameters:
-                for p, dtype in self.params:
-                    p.data = p.data.to(dtype)
-            for m, n, dtype in self.buffers:
-                m._buffers[n] = m._buffers[n].to(dtype)
 
 
 def _say_what_is_handed_back(stored, precision):

@@ -38,27 +38,46 @@ def _first_floating_dtype(value):
     return found[0] if found else None
 
 
-class Fp32Islands:
-    """What keep_fp32 changed, and `remove()` to undo it (also a context manager)."""
+class HeldInFp32:
+    """The floating parameters and buffers of `modules` that are not fp32, held in fp32
+    storage until restore() gives each its own dtype back (a tied parameter once). What an
+    island does to its module, and what mixtrain's runs do to a bf16 model while they hold
+    it: model.float() and model.to(bf16) would lose which tensor was which dtype."""
 
-    def __init__(self, model, names):
-        self.names = list(names)
-        self._modules = [model.get_submodule(n) for n in self.names]
+    def __init__(self, modules):
         self._params, self._buffers, seen = [], [], set()
-        for module in self._modules:
+        for module in modules:
             for p in module.parameters():
-                if p.is_floating_point() and id(p) not in seen:
+                if p.is_floating_point() and p.dtype != torch.float32 and id(p) not in seen:
                     seen.add(id(p))
                     self._params.append((p, p.dtype))
             for m in module.modules():
                 for name, b in m._buffers.items():
-                    if b is not None and b.is_floating_point():
+                    if b is not None and b.is_floating_point() and b.dtype != torch.float32:
                         self._buffers.append((m, name, b.dtype))
         with torch.no_grad():
             for p, _ in self._params:
                 p.data = p.data.float()
             for m, name, _ in self._buffers:
                 m._buffers[name] = m._buffers[name].float()
+
+    def restore(self, parameters=True):
+        """Each buffer, and unless told otherwise each parameter, back to its own dtype."""
+        with torch.no_grad():
+            if parameters:
+                for p, dtype in self._params:
+                    p.data = p.data.to(dtype)
+            for m, name, dtype in self._buffers:
+                m._buffers[name] = m._buffers[name].to(dtype)
+
+
+class Fp32Islands:
+    """What keep_fp32 changed, and `remove()` to undo it (also a context manager)."""
+
+    def __init__(self, model, names):
+        self.names = list(names)
+        self._modules = [model.get_submodule(n) for n in self.names]
+        self._held = HeldInFp32(self._modules)
         for module in self._modules:
             module.forward = self._in_fp32(module.forward)
         self._removed = False
@@ -82,11 +101,7 @@ class Fp32Islands:
         """Every parameter and buffer back to its own dtype, every forward back to its own."""
         if self._removed:
             return
-        with torch.no_grad():
-            for p, dtype in self._params:
-                p.data = p.data.to(dtype)
-            for m, name, dtype in self._buffers:
-                m._buffers[name] = m._buffers[name].to(dtype)
+        self._held.restore()
         for module in self._modules:
             if "forward" in module.__dict__:
                 del module.forward

@@ -507,6 +507,22 @@ def _loop(make_optimizer, steps_before=20, bs=32, dtype=torch.float32):
     return model, opt, batches
 
 
+def _continued(model, opt, make_optimizer, batches):
+    """The user's loop continued on copies of the model and optimizer over `batches`: the
+    copy and its per-step losses (what the doctor's fp32 arm must equal)."""
+    twin = copy.deepcopy(model)
+    twin_opt = make_optimizer(twin.parameters())
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # load_state_dict would share the tensors
+    losses = []
+    for xb, yb in batches:
+        twin_opt.zero_grad()
+        loss = nn.functional.cross_entropy(twin(xb), yb)
+        loss.backward()
+        twin_opt.step()
+        losses.append(loss.item())
+    return twin, losses
+
+
 @pytest.mark.parametrize("make_optimizer", [
     lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.05),
     lambda p: torch.optim.Adam(p, lr=1e-3, betas=(0.8, 0.99), weight_decay=1e-4, amsgrad=True),
@@ -515,16 +531,7 @@ def _loop(make_optimizer, steps_before=20, bs=32, dtype=torch.float32):
 def test_the_fp32_window_is_the_users_own_loop_continued(make_optimizer):
     model, opt, batches = _loop(make_optimizer)
     # The user's loop, continued on copies for the window's 16 batches.
-    twin = copy.deepcopy(model)
-    twin_opt = make_optimizer(twin.parameters())
-    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # load_state_dict would share the tensors
-    losses = []
-    for xb, yb in batches[20:36]:
-        twin_opt.zero_grad()
-        loss = nn.functional.cross_entropy(twin(xb), yb)
-        loss.backward()
-        twin_opt.step()
-        losses.append(loss.item())
+    twin, losses = _continued(model, opt, make_optimizer, batches[20:36])
     window_x = torch.cat([b[0] for b in batches[20:36]])
     window_y = torch.cat([b[1] for b in batches[20:36]])
     with torch.no_grad():
@@ -851,17 +858,8 @@ def test_tied_weights_train_stay_tied_and_are_stepped_once():
         opt.zero_grad()
         nn.functional.cross_entropy(model(xb), yb).backward()
         opt.step()
-    twin = copy.deepcopy(model)
+    twin, losses = _continued(model, opt, lambda p: torch.optim.AdamW(p, lr=1e-2), batches[10:26])
     assert twin.head.weight is twin.emb.weight
-    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
-    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
-    losses = []
-    for xb, yb in batches[10:26]:
-        twin_opt.zero_grad()
-        loss = nn.functional.cross_entropy(twin(xb), yb)
-        loss.backward()
-        twin_opt.step()
-        losses.append(loss.item())
     d = mixtrain.doctor(model, iter(batches[10:]), optimizer=opt, steps=16, precision="bf16", threads=1, no_trials=True)
     assert d.measurements["fp32"]["final_loss"] == pytest.approx(sum(losses[-5:]) / 5, rel=1e-5)
     assert model.head.weight is model.emb.weight
