@@ -133,13 +133,16 @@ void load_branch_point(Learner& learn, const BranchPoint& point) {
 /// a data file replaced in place, or a checkpoint copied in from another run would make the
 /// branch another run, silently. Refused by name. A checkpoint of an older version records
 /// nothing to check.
-void check_recorded_run(const RunConfig& as_written, const std::string& checkpoint, const std::string& bytes,
-                        const std::string& cannot) {
+/// Returns the input files' fingerprints it checked (empty when the checkpoint records none).
+std::map<std::string, std::string> check_recorded_run(const RunConfig& as_written, const std::string& checkpoint,
+                                                      const std::string& bytes, const std::string& cannot) {
   const std::optional<Recorded> recorded = recorded_run(bytes, checkpoint);
-  if (!recorded) return;
+  if (!recorded) return {};
   const SameRunWords words{cannot, checkpoint + " was", Phrase::name("from_run") + " continues that run", ""};
   check_same_run(recorded->config, as_written, words);
-  check_same_inputs(recorded->inputs, input_fingerprints(as_written), as_written, words);
+  std::map<std::string, std::string> inputs = input_fingerprints(as_written);
+  check_same_inputs(recorded->inputs, inputs, as_written, words);
+  return inputs;
 }
 
 /// The loss scale a branch goes on at: the run's, unless its last kMinCompareSteps steps or
@@ -711,7 +714,7 @@ BranchStart start_from_run(RunArgs& a) {
   }
   const BranchPoint point = read_chosen_point(start.checkpoint, checkpoints, a.at < 0);
   start.step = point.step;
-  check_recorded_run(as_written, start.checkpoint, point.bytes, "cannot start from " + start.from);
+  start.inputs = check_recorded_run(as_written, start.checkpoint, point.bytes, "cannot start from " + start.from);
   return start;
 }
 

@@ -168,7 +168,8 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   const distributed::Env env = distributed::env_from_environment();
   const bool writer = env.rank == 0;
   if (a.resume.empty()) resolve_input_paths(a.config);
-  const auto inputs = input_fingerprints(r);  // read once: checked on a resume, recorded in every checkpoint
+  // Read once: checked on a resume, recorded in every checkpoint (a branch read them checking its source).
+  const auto inputs = branch && !branch->inputs.empty() ? branch->inputs : input_fingerprints(r);
   const RunStart start = start_run(a, env.world_size);  // data problems come before the run folder
   const int threads = start.threads;
   const data::DatasetSplit& split = start.split;

@@ -42,6 +42,9 @@ struct BranchStart {
   /// Non-empty when a run of several ranks goes on in one process, with their global
   /// batch as its batch: what that means, in words.
   std::string one_process;
+  /// The run's input files' fingerprints as checked against the checkpoint's record (the new
+  /// run records them too; empty for a checkpoint of an older version, which records none).
+  std::map<std::string, std::string> inputs;
 };
 /// For train --from: reads RUN_DIR/args.json and puts on top of it the flags `args` was
 /// given that change only how the run computes (the precision and its options, clipping,
