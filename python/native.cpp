@@ -16,6 +16,7 @@
 #include <mixtrain/run/branch.h>
 #include <mixtrain/run/commands.h>
 #include <mixtrain/models/scripted_model.h>
+#include <mixtrain/optim/update_rule.h>
 
 #include <atomic>
 #include <csignal>
@@ -307,6 +308,63 @@ py::dict run_command(const std::string& command, const py::object& script_object
   return result;
 }
 
+// ---- mixtrain.optim's step: one parameter through the optimizer core (the same code the
+// C++ optimizers step with). `hyper` is the param group's dict, in torch.optim's keys.
+py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::Tensor grad,
+                          std::vector<torch::Tensor> state, const py::dict& hyper, int64_t step, bool fresh_momentum,
+                          const std::string& weight_update, std::optional<torch::Tensor> compensation, uint64_t seed,
+                          uint64_t stream) {
+  namespace optim = mixtrain::optim;
+  optim::UpdateRule r;
+  const auto parsed = mixtrain::parse_optimizer(kind);
+  TORCH_CHECK(parsed, "update_parameter: unknown optimizer ", kind);
+  r.kind = *parsed;
+  const auto number = [&](const char* key, double& into) {
+    if (hyper.contains(key)) into = hyper[key].cast<double>();
+  };
+  const auto flag = [&](const char* key, bool& into) {
+    if (hyper.contains(key)) into = hyper[key].cast<bool>();
+  };
+  number("lr", r.lr);
+  if (hyper.contains("betas")) {
+    const auto betas = hyper["betas"].cast<std::pair<double, double>>();
+    r.beta1 = betas.first;
+    r.beta2 = betas.second;
+  }
+  number("eps", r.eps);
+  number("weight_decay", r.weight_decay);
+  flag("amsgrad", r.amsgrad);
+  number("momentum", r.momentum);
+  number("dampening", r.dampening);
+  flag("nesterov", r.nesterov);
+  number("alpha", r.alpha);
+  flag("centered", r.centered);
+  number("lr_decay", r.lr_decay);
+  flag("maximize", r.maximize);
+  std::optional<mixtrain::amp::WeightUpdate> rule;
+  for (const auto& [name, value] : mixtrain::amp::weight_update_names())
+    if (name == weight_update) rule = value;
+  TORCH_CHECK(rule, "update_parameter: unknown weight_update ", weight_update);
+  optim::ParamStep s;
+  s.param = std::move(param);
+  s.grad = std::move(grad);
+  s.state = std::move(state);
+  if (compensation) s.compensation = *compensation;
+  s.step = step;
+  s.fresh_momentum = fresh_momentum;
+  s.stream = stream;
+  mixtrain::amp::LostUpdates lost;
+  {
+    py::gil_scoped_release no_gil;
+    lost = optim::update_parameter(r, s, *rule, seed);
+  }
+  py::dict out;
+  out["elements"] = lost.elements;
+  out["intended"] = lost.intended;
+  out["lost"] = lost.lost;
+  return out;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -318,6 +376,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("run", &run_command, py::arg("command"), py::arg("script"), py::arg("model_name"), py::arg("x"), py::arg("y"),
         py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"), py::arg("keep_files"),
         py::arg("loop") = py::none());
+  m.def("update_parameter", &update_parameter, py::arg("kind"), py::arg("param"), py::arg("grad"), py::arg("state"),
+        py::arg("hyper"), py::arg("step"), py::arg("fresh_momentum"), py::arg("weight_update"), py::arg("compensation"),
+        py::arg("seed"), py::arg("stream"));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

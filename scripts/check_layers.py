@@ -17,7 +17,7 @@ LAYERS = [
     ("parallel", ["parallel"]),
     ("models", ["models"]),
     ("core", ["core", "callbacks"]),
-    ("amp", ["amp"]),
+    ("amp", ["amp", "optim"]),
     ("diagnose", ["diagnose"]),
     ("run", ["run"]),
 ]

@@ -1,22 +1,23 @@
-// A hand-written libtorch loop that trains bf16 weights with stochastic rounding: no Learner,
-// only torch::optim::AdamW and mixtrain's update pass (amp::round_update). A LayerNorm MLP is
+// A hand-written libtorch loop that trains a bf16 model with stochastic rounding: no Learner,
+// only mixtrain::optim::AdamW (torch's AdamW class, stepping through mixtrain's optimizer
+// core) in place of torch::optim::AdamW. A LayerNorm MLP is
 // pretrained in fp32, then fine-tuned at a small learning rate three ways from the same
 // weights and batches: in fp32, in bf16 rounded to nearest (what a bf16 model under a plain
 // optimizer does: most updates round to nothing) and in bf16 rounded stochastically.
 //
 //   bf16_own_loop_example [steps]
 //
-// The weights are bf16 values held in fp32 tensors (what round_update takes), the AdamW state
-// is rounded to bf16 after every step too: the numbers a bf16 model computes, each update
-// computed in fp32 and rounded once. Prints each run's validation loss, the share of updates
+// The bf16 runs are real bf16 tensors: weights, gradients and AdamW's moments (8 bytes a
+// parameter); each update is computed in fp32 and rounded once. Prints each run's validation loss, the share of updates
 // the nearest run lost and each bf16 run's share of fp32's progress; exits 1 unless stochastic
 // rounding makes more than 95% of fp32's progress where nearest makes less than 80%.
 #include <mixtrain/amp/weight_update.h>
-#include <mixtrain/compat.h>
+#include <mixtrain/optim/optimizers.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,45 +56,41 @@ double valid_loss(Net& net, const Data& d) {
   return loss;
 }
 
-/// One fine-tune from `start`: `rule` empty trains fp32; else bf16 values with that rounding.
+/// One fine-tune from `start`: `rule` empty trains fp32 under torch's AdamW; else a real bf16
+/// model (weights, gradients and AdamW's moments all bf16 tensors) under mixtrain's AdamW,
+/// which computes each update in fp32 and writes it back once by the rule.
 double fine_tune(const std::vector<torch::Tensor>& start, const Data& train, const Data& valid, int steps,
                  const mixtrain::amp::WeightUpdate* rule, double* lost_share) {
   Net net;
   {
     torch::NoGradGuard no_grad;
     auto params = net->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].copy_(start[i]);
-      if (rule) mixtrain::amp::round_to_bf16_(params[i]);  // a bf16 model's weights
-    }
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(start[i]);
   }
-  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(3e-4).weight_decay(0));
-  mixtrain::amp::LostUpdates lost;
+  const auto options = torch::optim::AdamWOptions(3e-4).weight_decay(0);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  mixtrain::optim::AdamW* ours = nullptr;
+  if (rule) {
+    net->to(torch::kBFloat16);  // a bf16 model, as a Hugging Face model loaded in bfloat16
+    auto made = std::make_unique<mixtrain::optim::AdamW>(net->parameters(), options,
+                                                         mixtrain::optim::Rounding().weight_update(*rule).seed(42));
+    ours = made.get();
+    opt = std::move(made);
+  } else {
+    opt = std::make_unique<torch::optim::AdamW>(net->parameters(), options);
+  }
+  const torch::Dtype dtype = rule ? torch::kBFloat16 : torch::kFloat;
   const int64_t bs = 16;
   for (int step = 0; step < steps; ++step) {
     const int64_t at = (step * bs) % train.x.size(0);
-    opt.zero_grad();
-    torch::nn::functional::cross_entropy(net->forward(train.x.narrow(0, at, bs)), train.y.narrow(0, at, bs)).backward();
-    std::vector<torch::Tensor> before;
-    if (rule)
-      for (const auto& p : net->parameters()) before.push_back(p.detach().clone());
-    opt.step();  // the update, computed in fp32
-    if (!rule) continue;
-    torch::NoGradGuard no_grad;
-    auto params = net->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      torch::Tensor w = params[i].detach();
-      // The new weight rounded back to bf16 once, by the rule; what rounded away is counted.
-      lost += mixtrain::amp::round_update(w, before[i], *rule, nullptr, /*seed=*/42, /*stream=*/step * 1000 + i);
-      // AdamW's moments, stored in bf16 too.
-      if (auto* state = mixtrain::compat::optimizer_state_of(opt, params[i])) {
-        auto& adam = static_cast<torch::optim::AdamWParamState&>(*state);
-        mixtrain::amp::round_to_bf16_(adam.exp_avg());
-        mixtrain::amp::round_to_bf16_(adam.exp_avg_sq());
-      }
-    }
+    opt->zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(train.x.narrow(0, at, bs).to(dtype)).to(torch::kFloat),
+                                         train.y.narrow(0, at, bs))
+        .backward();
+    opt->step();
   }
-  if (lost_share) *lost_share = lost.fraction();
+  if (ours && lost_share) *lost_share = ours->lost_updates().fraction();
+  net->to(torch::kFloat);  // the bf16 weights, exactly, for the fp32 validation
   return valid_loss(net, valid);
 }
 

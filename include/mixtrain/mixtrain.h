@@ -56,6 +56,10 @@
 #include "mixtrain/amp/precision_options.h"
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/unscale.h"
+#include "mixtrain/amp/weight_update.h"
+
+#include "mixtrain/optim/optimizers.h"
+#include "mixtrain/optim/update_rule.h"
 
 #include "mixtrain/diagnose/compare.h"
 #include "mixtrain/diagnose/diagnosis.h"

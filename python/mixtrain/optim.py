@@ -1,4 +1,4 @@
-"""mixtrain's optimizers for your own loop: AdamW, Adam and SGD over parameters (and their
+"""mixtrain's optimizers for your own loop: AdamW, Adam, SGD, RMSprop and Adagrad over parameters (and their
 state) stored in any dtype, each update computed in fp32 and written back once by a rule:
 
 - ``weight_update="nearest"``: rounded to the nearest representable value (what a bf16
@@ -18,14 +18,15 @@ schedulers, ``torch.amp.GradScaler.step(opt)``, and ``state_dict()`` in torch's 
 ``"nearest"`` each step is bitwise torch's single-tensor implementation (the one torch runs
 on the CPU). ``opt.lost_updates()`` counts the element updates that rounded to no change.
 
-Here the update runs as torch ops on each parameter (a Python loop over tensors); the
-doctor's and the Learner's bf16-pure pass in C++ rounds by the same rules.
+The step runs in C++ (the optimizer core the C++ optimizers share, mixtrain/optim/): a
+16-bit parameter is widened to fp32 a chunk at a time, so the optimizer holds no fp32 copy of
+the model.
 """
-import math
-
 import torch
 
-__all__ = ["AdamW", "Adam", "SGD", "from_torch", "WEIGHT_UPDATES"]
+from . import _native
+
+__all__ = ["AdamW", "Adam", "SGD", "RMSprop", "Adagrad", "from_torch", "WEIGHT_UPDATES"]
 
 WEIGHT_UPDATES = ("nearest", "stochastic", "kahan")
 
@@ -53,22 +54,18 @@ def _check_params(groups, weight_update):
                                  "train fp32 parameters under torch.autocast with a GradScaler)" % weight_update)
 
 
-_MASK_HIGH16 = ~0xFFFF  # 0xffff0000 as an int32: the bits a bf16 keeps
-
-
-def _stochastic_bf16(x32, generator):
-    """x32 rounded to bf16 stochastically: 16 random low bits added below the kept ones carry
-    into them with probability (dropped bits) / 2^16. inf and NaN round to nearest."""
-    bits = x32.view(torch.int32)
-    noise = torch.randint(0, 1 << 16, x32.shape, dtype=torch.int32, device=x32.device, generator=generator)
-    carried = ((bits + noise) & _MASK_HIGH16).view(torch.float32)
-    return torch.where(torch.isfinite(x32), carried, x32).to(torch.bfloat16)
+_STREAM_PRIME = 0x100000001B3  # amp::stochastic_stream: one stream per parameter and step
+_U64 = (1 << 64) - 1
 
 
 class _RoundedOptimizer(torch.optim.Optimizer):
-    """The shared part: each parameter's step computed in fp32 on fp32 copies of it and of its
-    state (or in place, for fp32 storage), then written back once: the parameter by the rule,
-    its state to nearest, and the lost element updates counted."""
+    """The shared part: each parameter's step goes through the C++ optimizer core
+    (mixtrain/optim/update_rule.h, the one the C++ optimizers use): computed in fp32 on the
+    parameter, gradient and state as stored (fp32 tensors in place; 16-bit ones a chunk at a
+    time), and written back once: the parameter by the rule, its state to nearest, the lost
+    element updates counted."""
+
+    _kind = None  # the core's name for the update: "sgd", "rmsprop", "adagrad" (Adam's depends on the group)
 
     def __init__(self, params, defaults, weight_update, seed):
         _check_rule(weight_update)
@@ -80,35 +77,6 @@ class _RoundedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         _check_params(self.param_groups, weight_update)
         self._lost = {}  # parameter index -> [intended, lost] since the last lost_updates()
-
-    def _rule_for(self, p):
-        return "nearest" if p.dtype == torch.float32 else self.weight_update
-
-    def _write_back(self, p, index, old32, new32, state):
-        """new32 into p by the rule (a 16-bit parameter); counts what rounded away."""
-        rule = self._rule_for(p)
-        if p.dtype == torch.float32:
-            return  # updated in place, as torch updates it
-        if rule == "nearest":
-            p.copy_(new32)
-            out32 = p.float()
-        elif rule == "stochastic":
-            g = torch.Generator(device=p.device)
-            g.manual_seed((self.seed * 1000003 + index * 7919 + int(state["step"].item())) % (1 << 63))
-            p.copy_(_stochastic_bf16(new32, g))
-            out32 = p.float()
-        else:  # kahan: the update plus what earlier roundings dropped
-            comp = state.get("kahan_comp")
-            if comp is None:
-                comp = state["kahan_comp"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            target = old32 + ((new32 - old32) + comp.float())
-            p.copy_(target)
-            out32 = p.float()
-            comp.copy_(target - out32)
-        intended = new32 != old32
-        counts = self._lost.setdefault(index, [0, 0])
-        counts[0] += int(intended.sum())
-        counts[1] += int((intended & (out32 == old32)).sum())
 
     def lost_updates(self):
         """Since the last call: {"fraction": lost / intended over every parameter, "per_param":
@@ -131,19 +99,13 @@ class _RoundedOptimizer(torch.optim.Optimizer):
             self._indices = {id(q): i for i, q in enumerate(q for g in self.param_groups for q in g["params"])}
         return self._indices[id(p)]
 
-    def _fp32(self, t):
-        return t if t.dtype == torch.float32 else t.float()
+    def _kind_of(self, group):
+        return self._kind
 
-    def _in_fp32(self, p, group):
-        """The gradient (negated to maximize), the parameter to update and its old value, in
-        fp32: fp32 storage is updated in place, as torch does (its old value is not kept: it
-        rounds nothing away), other storage on fp32 copies."""
-        grad = self._fp32(p.grad)
-        if group["maximize"]:
-            grad = -grad
-        if p.dtype == torch.float32:
-            return grad, p, None
-        return grad, p.float(), p.float()
+    def _state_of(self, p, group, state):
+        """The state tensors the core reads, in its order (created in p's dtype where missing),
+        and whether SGD's momentum buffer is fresh (it then takes the gradient as it is)."""
+        raise NotImplementedError
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -152,13 +114,38 @@ class _RoundedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            kind = self._kind_of(group)
+            # The hyper-parameters as numbers (torch allows a tensor lr).
+            hyper = {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+                     for k, v in group.items() if k not in ("params", "param_names")}
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise ValueError("mixtrain's optimizers take dense gradients")
-                self._step_one(p, group, self.state[p], self._index(p))
+                state = self.state[p]
+                if "step" not in state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                tensors, fresh = self._state_of(p, group, state)
+                state["step"] += 1
+                step = int(state["step"].item())
+                comp = None
+                if self.weight_update == "kahan" and p.dtype == torch.bfloat16:
+                    comp = state.get("kahan_comp")
+                    if comp is None:
+                        comp = state["kahan_comp"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                index = self._index(p)
+                counts = _native.update_parameter(kind, p, p.grad, tensors, hyper, step, fresh,
+                                                  self.weight_update, comp, self.seed,
+                                                  (step * _STREAM_PRIME + index) & _U64)
+                lost = self._lost.setdefault(index, [0, 0])
+                lost[0] += counts["intended"]
+                lost[1] += counts["lost"]
         return loss
+
+
+def _zeros(p):
+    return torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 class Adam(_RoundedOptimizer):
@@ -177,43 +164,14 @@ class Adam(_RoundedOptimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults, weight_update, seed)
 
-    def _step_one(self, p, group, state, index):
-        if len(state) == 0:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        beta1, beta2 = group["betas"]
-        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        grad, param, old = self._in_fp32(p, group)
-        exp_avg, exp_avg_sq = self._fp32(state["exp_avg"]), self._fp32(state["exp_avg_sq"])
-        state["step"] += 1
-        if wd != 0:
-            if group["decoupled_weight_decay"]:
-                param.mul_(1 - lr * wd)
-            else:
-                grad = grad.add(param, alpha=wd)
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = state["step"].item()
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
-        step_size = lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2 ** 0.5
-        if group["amsgrad"]:
-            max_sq = self._fp32(state["max_exp_avg_sq"])
-            torch.maximum(max_sq, exp_avg_sq, out=max_sq)
-            denom = (max_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-            if max_sq.data_ptr() != state["max_exp_avg_sq"].data_ptr():
-                state["max_exp_avg_sq"].copy_(max_sq)
-        else:
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        param.addcdiv_(exp_avg, denom, value=-step_size)
-        for key, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-            if value.data_ptr() != state[key].data_ptr():
-                state[key].copy_(value)  # the state in its own dtype, rounded to nearest
-        self._write_back(p, index, old, param, state)
+    def _kind_of(self, group):
+        return "adamw" if group["decoupled_weight_decay"] else "adam"  # decoupled weight decay is AdamW's update
+
+    def _state_of(self, p, group, state):
+        for key in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ()):
+            if key not in state:
+                state[key] = _zeros(p)
+        return [state["exp_avg"], state["exp_avg_sq"]] + ([state["max_exp_avg_sq"]] if group["amsgrad"] else []), False
 
 
 class AdamW(Adam):
@@ -229,6 +187,8 @@ class SGD(_RoundedOptimizer):
     """torch.optim.SGD's update (momentum, dampening, nesterov, weight decay), computed in fp32
     and written back by `weight_update`."""
 
+    _kind = "sgd"
+
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
                  weight_update="nearest", seed=0):
         if lr < 0.0 or momentum < 0.0 or weight_decay < 0.0:
@@ -239,31 +199,67 @@ class SGD(_RoundedOptimizer):
                         maximize=maximize)
         super().__init__(params, defaults, weight_update, seed)
 
-    def _step_one(self, p, group, state, index):
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)  # the stochastic rounding's stream
-        state["step"] += 1
-        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        grad, param, old = self._in_fp32(p, group)
-        if wd != 0:
-            grad = grad.add(param, alpha=wd)
-        if momentum != 0:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf32 = grad.detach().clone()
-                state["momentum_buffer"] = buf32 if p.dtype == torch.float32 else buf32.to(p.dtype)
-            else:
-                buf32 = self._fp32(buf)
-                buf32.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
-                if buf32.data_ptr() != buf.data_ptr():
-                    buf.copy_(buf32)
-            grad = grad.add(buf32, alpha=momentum) if group["nesterov"] else buf32
-        param.add_(grad, alpha=-lr)
-        self._write_back(p, index, old, param, state)
+    def _state_of(self, p, group, state):
+        if group["momentum"] == 0:
+            return [], False
+        fresh = state.get("momentum_buffer") is None
+        if fresh:
+            state["momentum_buffer"] = _zeros(p)
+        return [state["momentum_buffer"]], fresh
+
+
+class RMSprop(_RoundedOptimizer):
+    """torch.optim.RMSprop's update (alpha, momentum, centered, weight decay), computed in fp32
+    and written back by `weight_update`."""
+
+    _kind = "rmsprop"
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False, *,
+                 maximize=False, weight_update="nearest", seed=0):
+        if lr < 0.0 or eps < 0.0 or momentum < 0.0 or weight_decay < 0.0 or alpha < 0.0:
+            raise ValueError("invalid lr, eps, momentum, weight_decay or alpha (each >= 0)")
+        defaults = dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=centered,
+                        maximize=maximize)
+        super().__init__(params, defaults, weight_update, seed)
+
+    def _state_of(self, p, group, state):
+        keys = ["square_avg"] + (["momentum_buffer"] if group["momentum"] > 0 else []) + \
+            (["grad_avg"] if group["centered"] else [])
+        for key in keys:
+            if key not in state:
+                state[key] = _zeros(p)
+        return [state[k] for k in keys], False
+
+
+class Adagrad(_RoundedOptimizer):
+    """torch.optim.Adagrad's update (lr_decay, initial_accumulator_value, weight decay),
+    computed in fp32 and written back by `weight_update`. Its state is made when it is built,
+    as torch's is."""
+
+    _kind = "adagrad"
+
+    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10, *,
+                 maximize=False, weight_update="nearest", seed=0):
+        if lr < 0.0 or lr_decay < 0.0 or weight_decay < 0.0 or initial_accumulator_value < 0.0 or eps < 0.0:
+            raise ValueError("invalid lr, lr_decay, weight_decay, initial_accumulator_value or eps (each >= 0)")
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value, maximize=maximize)
+        super().__init__(params, defaults, weight_update, seed)
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["sum"] = torch.full_like(p, group["initial_accumulator_value"],
+                                               memory_format=torch.preserve_format)
+
+    def _state_of(self, p, group, state):
+        if "sum" not in state:
+            state["sum"] = torch.full_like(p, group["initial_accumulator_value"], memory_format=torch.preserve_format)
+        return [state["sum"]], False
 
 
 def from_torch(optimizer, weight_update="stochastic", seed=0):
-    """The optimizer you have (torch.optim.AdamW, Adam or SGD), with its param groups,
+    """The optimizer you have (torch.optim.AdamW, Adam, SGD, RMSprop or Adagrad), with its param groups,
     hyper-parameters and state, as mixtrain's: the same update, computed in fp32 and written
     back by `weight_update`. The state keeps its tensors' dtypes (a bf16 model's moments stay
     bf16: 8 bytes a parameter with AdamW)."""
@@ -284,9 +280,13 @@ def from_torch(optimizer, weight_update="stochastic", seed=0):
         kind = Adam
     elif isinstance(optimizer, torch.optim.SGD):
         kind = SGD
+    elif isinstance(optimizer, torch.optim.RMSprop):
+        kind = RMSprop
+    elif isinstance(optimizer, torch.optim.Adagrad):
+        kind = Adagrad
     else:
-        raise ValueError("cannot convert a %s: mixtrain.optim has AdamW, Adam and SGD (torch.optim's), not yet "
-                         "RMSprop or Adagrad" % type(optimizer).__name__)
+        raise ValueError("cannot convert a %s: mixtrain.optim converts torch.optim's AdamW, Adam, SGD, RMSprop and "
+                         "Adagrad" % type(optimizer).__name__)
     params = groups[0]["params"]
     defaults = {k: v for k, v in groups[0].items() if k not in ("params", "param_names", "initial_lr")}
     converted = kind(params, weight_update=weight_update, seed=seed, **defaults)

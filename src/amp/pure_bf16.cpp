@@ -23,14 +23,6 @@
 
 namespace mixtrain::amp {
 
-namespace {
-
-uint64_t stream_of(int64_t step, size_t param) {
-  return static_cast<uint64_t>(step) * 0x100000001b3ull + static_cast<uint64_t>(param);
-}
-
-} // namespace
-
 PureBf16::PureBf16(WeightUpdate rule, uint64_t seed)
     : MixedPrecision(c10::ScalarType::BFloat16), rule_(rule), seed_(seed) {}
 
@@ -164,7 +156,7 @@ void PureBf16::after_step(Learner& learn) {
     Param& p = params_[i];
     if (!p.weight.grad().defined()) continue;  // the optimizer left it alone
     const LostUpdates s = round_update(p.weight, p.before, rule_, p.compensation.defined() ? &p.compensation : nullptr,
-                                       seed_, stream_of(step, i));
+                                       seed_, stochastic_stream(step, i));
     p.total += s;
     this_step += s;
     if (auto* st = compat::optimizer_state_of(learn.opt(), p.weight)) {

@@ -208,8 +208,8 @@ inline __attribute__((always_inline)) void round_four(float* w, const float* bef
 // in float within a lane of a chunk (at most 4096 terms), in double across lanes and
 // chunks, in a fixed order: the counts do not depend on the thread count.
 template <WeightUpdate kRule>
-LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, uint64_t seed,
-                       uint64_t stream) {
+LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, uint64_t base,
+                       uint64_t seed, uint64_t stream) {
   constexpr int kW = Lanes::kWidth;
   static_assert(kW == 8, "two Lanes4 hold Lanes' eight lanes");
   const uint64_t key = kRule == WeightUpdate::kStochastic ? stream_key(seed, stream) : 0;
@@ -219,7 +219,7 @@ LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, i
     U4 bits_low = {}, bits_high = {};
     if constexpr (kRule == WeightUpdate::kStochastic) {
       // One 64-bit draw serves four elements (i is a multiple of 8): element i + j takes its quarter.
-      const uint64_t h0 = draw(key, static_cast<uint64_t>(i)), h1 = draw(key, static_cast<uint64_t>(i + 4));
+      const uint64_t h0 = draw(key, base + static_cast<uint64_t>(i)), h1 = draw(key, base + static_cast<uint64_t>(i + 4));
       bits_low = U4{static_cast<uint32_t>(h0), static_cast<uint32_t>(h0 >> 16), static_cast<uint32_t>(h0 >> 32),
                     static_cast<uint32_t>(h0 >> 48)};
       bits_high = U4{static_cast<uint32_t>(h1), static_cast<uint32_t>(h1 >> 16), static_cast<uint32_t>(h1 >> 32),
@@ -241,7 +241,7 @@ LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, i
     l.lost_sq[j + 4] = high.lost_sq[j];
   }
   for (; i < hi; ++i) {
-    const auto index = static_cast<uint64_t>(i);
+    const auto index = base + static_cast<uint64_t>(i);
     const uint32_t bits = kRule == WeightUpdate::kStochastic ? quarter(draw(key, index), index) : 0;
     round_one<kRule>(w, before, comp, i, bits, l, static_cast<int>(i - lo) % kW);
   }
@@ -256,25 +256,27 @@ LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, i
   return s;
 }
 
-LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, WeightUpdate rule,
-                       uint64_t seed, uint64_t stream) {
+LostUpdates round_span(float* w, const float* before, float* comp, int64_t lo, int64_t hi, uint64_t base,
+                       WeightUpdate rule, uint64_t seed, uint64_t stream) {
   switch (rule) {
-    case WeightUpdate::kNearest: return round_span<WeightUpdate::kNearest>(w, before, comp, lo, hi, seed, stream);
-    case WeightUpdate::kStochastic: return round_span<WeightUpdate::kStochastic>(w, before, comp, lo, hi, seed, stream);
+    case WeightUpdate::kNearest: return round_span<WeightUpdate::kNearest>(w, before, comp, lo, hi, base, seed, stream);
+    case WeightUpdate::kStochastic:
+      return round_span<WeightUpdate::kStochastic>(w, before, comp, lo, hi, base, seed, stream);
     case WeightUpdate::kKahan: break;
   }
-  return round_span<WeightUpdate::kKahan>(w, before, comp, lo, hi, seed, stream);
+  return round_span<WeightUpdate::kKahan>(w, before, comp, lo, hi, base, seed, stream);
 }
 
 LostUpdates round_cpu(float* w, const float* before, float* comp, int64_t n, WeightUpdate rule, uint64_t seed,
                       uint64_t stream) {
   // Fixed chunks summed in order: the counts and norms do not depend on the thread count.
-  constexpr int64_t kChunk = 1 << 15;
+  constexpr int64_t kChunk = kUpdateChunk;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<LostUpdates> parts(static_cast<size_t>(chunks));
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
-      parts[static_cast<size_t>(c)] = round_span(w, before, comp, c * kChunk, std::min(n, (c + 1) * kChunk), rule, seed, stream);
+      parts[static_cast<size_t>(c)] = round_span(w, before, comp, c * kChunk, std::min(n, (c + 1) * kChunk), 0, rule, seed,
+                                                 stream);
   });
   LostUpdates total;
   for (const auto& p : parts) total += p;
@@ -282,6 +284,13 @@ LostUpdates round_cpu(float* w, const float* before, float* comp, int64_t n, Wei
 }
 
 } // namespace
+
+LostUpdates round_update_span(float* weight, const float* before, float* compensation, int64_t n, uint64_t first,
+                              WeightUpdate rule, uint64_t seed, uint64_t stream) {
+  TORCH_CHECK(first % 8 == 0, "round_update_span: the first element's index must be a multiple of 8, got ", first);
+  TORCH_CHECK(rule != WeightUpdate::kKahan || compensation, "round_update_span: kahan needs a compensation");
+  return round_span(weight, before, compensation, 0, n, first, rule, seed, stream);
+}
 
 LostUpdates round_update(torch::Tensor& weight, const torch::Tensor& before, WeightUpdate rule,
                          torch::Tensor* compensation, uint64_t seed, uint64_t stream) {

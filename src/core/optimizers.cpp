@@ -8,7 +8,7 @@
 
 namespace mixtrain {
 
-namespace optim = torch::optim;
+namespace topt = torch::optim;  // not `optim`: that is mixtrain::optim, our optimizers
 
 const char* optimizer_name(OptimizerKind kind) {
   switch (kind) {
@@ -30,11 +30,11 @@ std::optional<OptimizerKind> parse_optimizer(const std::string& name) {
 
 std::optional<OptimizerKind> kind_of(const torch::optim::Optimizer& opt) {
   // AdamW before Adam: neither derives from the other, but the order says which is which.
-  if (dynamic_cast<const optim::AdamW*>(&opt)) return OptimizerKind::kAdamW;
-  if (dynamic_cast<const optim::Adam*>(&opt)) return OptimizerKind::kAdam;
-  if (dynamic_cast<const optim::SGD*>(&opt)) return OptimizerKind::kSgd;
-  if (dynamic_cast<const optim::RMSprop*>(&opt)) return OptimizerKind::kRmsprop;
-  if (dynamic_cast<const optim::Adagrad*>(&opt)) return OptimizerKind::kAdagrad;
+  if (dynamic_cast<const topt::AdamW*>(&opt)) return OptimizerKind::kAdamW;
+  if (dynamic_cast<const topt::Adam*>(&opt)) return OptimizerKind::kAdam;
+  if (dynamic_cast<const topt::SGD*>(&opt)) return OptimizerKind::kSgd;
+  if (dynamic_cast<const topt::RMSprop*>(&opt)) return OptimizerKind::kRmsprop;
+  if (dynamic_cast<const topt::Adagrad*>(&opt)) return OptimizerKind::kAdagrad;
   return std::nullopt;
 }
 
@@ -56,18 +56,18 @@ OptimizerFactory optimizer(const OptimizerSettings& settings) {
   return [s](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
     switch (s.kind()) {
       case OptimizerKind::kAdamW:
-        return std::make_unique<optim::AdamW>(
-            params, optim::AdamWOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
+        return std::make_unique<topt::AdamW>(
+            params, topt::AdamWOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
       case OptimizerKind::kAdam:
-        return std::make_unique<optim::Adam>(
-            params, optim::AdamOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
+        return std::make_unique<topt::Adam>(
+            params, topt::AdamOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
       case OptimizerKind::kSgd:
-        return std::make_unique<optim::SGD>(params, optim::SGDOptions(lr).momentum(s.mom()).weight_decay(s.wd()));
+        return std::make_unique<topt::SGD>(params, topt::SGDOptions(lr).momentum(s.mom()).weight_decay(s.wd()));
       case OptimizerKind::kRmsprop:
-        return std::make_unique<optim::RMSprop>(
-            params, optim::RMSpropOptions(lr).alpha(s.sqr_mom()).eps(s.eps()).momentum(s.mom()).weight_decay(s.wd()));
+        return std::make_unique<topt::RMSprop>(
+            params, topt::RMSpropOptions(lr).alpha(s.sqr_mom()).eps(s.eps()).momentum(s.mom()).weight_decay(s.wd()));
       case OptimizerKind::kAdagrad:
-        return std::make_unique<optim::Adagrad>(params, optim::AdagradOptions(lr).eps(s.eps()).weight_decay(s.wd()));
+        return std::make_unique<topt::Adagrad>(params, topt::AdagradOptions(lr).eps(s.eps()).weight_decay(s.wd()));
     }
     return nullptr;
   };
@@ -79,11 +79,11 @@ std::optional<int64_t> state_tensors_per_param(const torch::optim::Optimizer& op
   if (opt.param_groups().empty()) return 0;
   const auto& o = opt.param_groups().front().options();
   switch (*kind) {
-    case OptimizerKind::kAdamW: return static_cast<const optim::AdamWOptions&>(o).amsgrad() ? 3 : 2;
-    case OptimizerKind::kAdam: return static_cast<const optim::AdamOptions&>(o).amsgrad() ? 3 : 2;
-    case OptimizerKind::kSgd: return static_cast<const optim::SGDOptions&>(o).momentum() != 0 ? 1 : 0;
+    case OptimizerKind::kAdamW: return static_cast<const topt::AdamWOptions&>(o).amsgrad() ? 3 : 2;
+    case OptimizerKind::kAdam: return static_cast<const topt::AdamOptions&>(o).amsgrad() ? 3 : 2;
+    case OptimizerKind::kSgd: return static_cast<const topt::SGDOptions&>(o).momentum() != 0 ? 1 : 0;
     case OptimizerKind::kRmsprop: {
-      const auto& r = static_cast<const optim::RMSpropOptions&>(o);
+      const auto& r = static_cast<const topt::RMSpropOptions&>(o);
       return 1 + (r.momentum() > 0 ? 1 : 0) + (r.centered() ? 1 : 0);
     }
     case OptimizerKind::kAdagrad: return 1;
@@ -92,28 +92,28 @@ std::optional<int64_t> state_tensors_per_param(const torch::optim::Optimizer& op
 }
 
 std::optional<std::vector<torch::Tensor*>> state_tensors(torch::optim::OptimizerParamState& s) {
-  if (auto* a = dynamic_cast<optim::AdamWParamState*>(&s)) return std::vector<torch::Tensor*>{&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()};
-  if (auto* b = dynamic_cast<optim::AdamParamState*>(&s)) return std::vector<torch::Tensor*>{&b->exp_avg(), &b->exp_avg_sq(), &b->max_exp_avg_sq()};
-  if (auto* c = dynamic_cast<optim::SGDParamState*>(&s)) return std::vector<torch::Tensor*>{&c->momentum_buffer()};
-  if (auto* d = dynamic_cast<optim::RMSpropParamState*>(&s)) return std::vector<torch::Tensor*>{&d->square_avg(), &d->momentum_buffer(), &d->grad_avg()};
-  if (auto* e = dynamic_cast<optim::AdagradParamState*>(&s)) return std::vector<torch::Tensor*>{&e->sum()};
+  if (auto* a = dynamic_cast<topt::AdamWParamState*>(&s)) return std::vector<torch::Tensor*>{&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()};
+  if (auto* b = dynamic_cast<topt::AdamParamState*>(&s)) return std::vector<torch::Tensor*>{&b->exp_avg(), &b->exp_avg_sq(), &b->max_exp_avg_sq()};
+  if (auto* c = dynamic_cast<topt::SGDParamState*>(&s)) return std::vector<torch::Tensor*>{&c->momentum_buffer()};
+  if (auto* d = dynamic_cast<topt::RMSpropParamState*>(&s)) return std::vector<torch::Tensor*>{&d->square_avg(), &d->momentum_buffer(), &d->grad_avg()};
+  if (auto* e = dynamic_cast<topt::AdagradParamState*>(&s)) return std::vector<torch::Tensor*>{&e->sum()};
   return std::nullopt;
 }
 
 double* momentum_of(torch::optim::OptimizerOptions& o) {
-  if (auto* adamw = dynamic_cast<optim::AdamWOptions*>(&o)) return &std::get<0>(adamw->betas());
-  if (auto* adam = dynamic_cast<optim::AdamOptions*>(&o)) return &std::get<0>(adam->betas());
-  if (auto* sgd = dynamic_cast<optim::SGDOptions*>(&o)) return &sgd->momentum();
-  if (auto* rms = dynamic_cast<optim::RMSpropOptions*>(&o)) return &rms->momentum();
+  if (auto* adamw = dynamic_cast<topt::AdamWOptions*>(&o)) return &std::get<0>(adamw->betas());
+  if (auto* adam = dynamic_cast<topt::AdamOptions*>(&o)) return &std::get<0>(adam->betas());
+  if (auto* sgd = dynamic_cast<topt::SGDOptions*>(&o)) return &sgd->momentum();
+  if (auto* rms = dynamic_cast<topt::RMSpropOptions*>(&o)) return &rms->momentum();
   return nullptr;
 }
 
 bool zero_weight_decay(torch::optim::OptimizerOptions& o) {
-  if (auto* a = dynamic_cast<optim::AdamWOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::AdamOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::SGDOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::RMSpropOptions*>(&o)) return a->weight_decay(0), true;
-  if (auto* a = dynamic_cast<optim::AdagradOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<topt::AdamWOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<topt::AdamOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<topt::SGDOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<topt::RMSpropOptions*>(&o)) return a->weight_decay(0), true;
+  if (auto* a = dynamic_cast<topt::AdagradOptions*>(&o)) return a->weight_decay(0), true;
   return false;
 }
 

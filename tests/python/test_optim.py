@@ -46,6 +46,12 @@ CASES = [
     (torch.optim.SGD, optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)),
     (torch.optim.SGD, optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.1)),
     (torch.optim.SGD, optim.SGD, dict(lr=0.05)),
+    (torch.optim.SGD, optim.SGD, dict(lr=0.05, momentum=0.9, maximize=True)),
+    (torch.optim.RMSprop, optim.RMSprop, dict(lr=1e-2, weight_decay=1e-3)),
+    (torch.optim.RMSprop, optim.RMSprop, dict(lr=1e-2, alpha=0.9, momentum=0.8, centered=True)),
+    (torch.optim.RMSprop, optim.RMSprop, dict(lr=1e-2, centered=True, maximize=True)),
+    (torch.optim.Adagrad, optim.Adagrad, dict(lr=5e-2, lr_decay=1e-2, weight_decay=1e-3)),
+    (torch.optim.Adagrad, optim.Adagrad, dict(lr=5e-2, initial_accumulator_value=0.1, eps=1e-6)),
 ]
 
 
@@ -68,6 +74,59 @@ def test_in_fp32_each_step_is_torchs_bitwise(theirs, ours, kwargs):
     tb2.load_state_dict(ta.state_dict())
     for key in ta.state_dict()["state"].get(0, {}):  # (SGD without momentum keeps none)
         assert torch.equal(ta.state_dict()["state"][0][key], tb.state_dict()["state"][0][key]), key
+
+
+BIG = 3 * (1 << 15) + 13  # three chunks of the core and a ragged tail
+
+
+@pytest.mark.parametrize("theirs,ours,kwargs", CASES, ids=[c[0].__name__ + str(i) for i, c in enumerate(CASES)])
+def test_bf16_storage_is_torchs_fp32_step_on_the_bf16_values_rounded_once(theirs, ours, kwargs):
+    """The core widens a 16-bit tensor a chunk at a time: its step equals torch's own step run on
+    fp32 tensors that hold the same bf16 values, with the results rounded to bf16 once."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(BIG, generator=g).bfloat16()
+    grads = [torch.randn(BIG, generator=g).mul_(1e-2).bfloat16() for _ in range(4)]
+    ref = w.float().clone().requires_grad_()
+    mine = w.clone().requires_grad_()
+    ta, tb = theirs([ref], foreach=False, **kwargs), ours([mine], weight_update="nearest", **kwargs)
+
+    @torch.no_grad()
+    def round_reference():  # weight and state held as bf16 values, as bf16 storage holds them
+        ref.copy_(ref.bfloat16().float())
+        for key, value in ta.state[ref].items():
+            if key != "step" and torch.is_tensor(value):
+                value.copy_(value.bfloat16().float())
+
+    round_reference()  # Adagrad's initial sum (0.1 is not a bf16 value)
+    for grad in grads:
+        ref.grad, mine.grad = grad.float(), grad.clone()
+        ta.step()
+        tb.step()
+        round_reference()
+        assert mine.dtype == torch.bfloat16
+        assert torch.equal(mine.float(), ref.detach())
+        for key, value in tb.state[mine].items():
+            if key != "step":
+                assert value.dtype == torch.bfloat16, key
+                assert torch.equal(value.float(), ta.state[ref][key]), key
+
+
+def test_the_core_gives_the_same_bits_on_one_thread_and_two():
+    def steps(threads):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            g = torch.Generator().manual_seed(2)
+            w = torch.randn(BIG, generator=g).bfloat16().requires_grad_()
+            opt = optim.AdamW([w], lr=1e-3, weight_update="stochastic", seed=7)
+            for _ in range(3):
+                w.grad = torch.randn(BIG, generator=g).bfloat16()
+                opt.step()
+            return w.detach().clone(), opt.lost_updates()
+        finally:
+            torch.set_num_threads(before)
+    (a, la), (b, lb) = steps(1), steps(2)
+    assert torch.equal(a, b) and la == lb
 
 
 def test_bf16_storage_holds_8_bytes_a_parameter_and_learns_where_nearest_stalls():
@@ -143,8 +202,9 @@ def test_a_grad_scaler_steps_it_under_fp16_autocast():
 
 
 def test_bad_input_is_one_line():
-    with pytest.raises(ValueError, match=r"cannot convert a RMSprop: mixtrain.optim has AdamW, Adam and SGD"):
-        optim.from_torch(torch.optim.RMSprop(NormMlp().parameters()))
+    with pytest.raises(ValueError, match=r"cannot convert a Adamax: mixtrain.optim converts torch.optim's AdamW, Adam, "
+                                         r"SGD, RMSprop and Adagrad"):
+        optim.from_torch(torch.optim.Adamax(NormMlp().parameters()))
     w = torch.randn(3, requires_grad=True)
     with pytest.raises(ValueError, match="is not a leaf tensor"):
         optim.AdamW([w * 2])

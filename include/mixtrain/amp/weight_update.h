@@ -64,6 +64,11 @@ float round_bf16_stochastic(float x, uint32_t r);
 /// The 16 random bits element `index` of stream `stream` draws under `seed`: a
 /// counter-based hash, so every rank, thread count and resume draws the same bits.
 uint32_t stochastic_bits(uint64_t seed, uint64_t stream, uint64_t index);
+/// The stream of parameter `param` (its index in the model or optimizer) at `step`: one
+/// per parameter and step, what bf16-pure and mixtrain's optimizers round with.
+inline uint64_t stochastic_stream(int64_t step, size_t param) {
+  return static_cast<uint64_t>(step) * 0x100000001b3ull + static_cast<uint64_t>(param);
+}
 
 /// Rounds `weight` (fp32 storage, the optimizer's fp32 result) to bf16 values in
 /// place by `rule`, given `before` (its bf16 values before the step, same shape),
@@ -74,6 +79,18 @@ uint32_t stochastic_bits(uint64_t seed, uint64_t stream, uint64_t index);
 /// that are not fp32 or do not match.
 LostUpdates round_update(torch::Tensor& weight, const torch::Tensor& before, WeightUpdate rule,
                          torch::Tensor* compensation, uint64_t seed, uint64_t stream);
+
+/// round_update's chunk: the pass runs over chunks of this many elements, each counted
+/// on its own and summed in order (so the counts do not depend on the thread count).
+constexpr int64_t kUpdateChunk = int64_t{1} << 15;
+
+/// round_update's pass on one span of a weight, single-threaded: `n` contiguous values
+/// that are elements [first, first + n) of the weight (their stochastic bits are those
+/// elements'), `first` a multiple of 8. Spans of kUpdateChunk elements at multiples of
+/// it give round_update's counts bitwise. The optimizer core (optim/update_rule.h)
+/// calls it on each chunk of a 16-bit weight it has widened to fp32.
+LostUpdates round_update_span(float* weight, const float* before, float* compensation, int64_t n, uint64_t first,
+                              WeightUpdate rule, uint64_t seed, uint64_t stream);
 
 /// Rounds an fp32 tensor to bf16 values in place (nearest): a weight or an
 /// optimizer state written in 16 bits.

@@ -1,0 +1,124 @@
+#pragma once
+/// mixtrain's optimizers for a hand-written libtorch loop: torch::optim's AdamW, Adam,
+/// SGD, RMSprop and Adagrad (each derives from torch's own class, with its options and
+/// state types), stepping through the optimizer core (optim/update_rule.h):
+///   - parameters and state in any floating dtype: a bf16 model's moments are bf16, so
+///     AdamW holds 8 bytes a parameter (weight 2, gradient 2, state 4);
+///   - each update computed in fp32 from those values and written back once by a rule:
+///     nearest, stochastic (seeded; no extra memory) or Kahan (a bf16 compensation
+///     per parameter, 2 bytes more);
+///   - the element updates rounding threw away counted in the same pass (lost_updates()).
+///
+/// The update is torch.optim's (Python's) single-tensor step, op for op; libtorch's own
+/// C++ optimizers differ from it in a few ops (Adam's first moment is mul_/add_ there,
+/// lerp_ in Python), so in fp32 these match Python's torch.optim bitwise and libtorch's
+/// within a few ulps. As torch's classes, they serve wherever a torch::optim::Optimizer
+/// does: amp::GradScaler::step, param groups, LR changes through the options, the
+/// Learner's opt_func, save/load (torch's layout, then the rounding's own state).
+///
+/// Example (a bf16 model in a plain loop; examples/bf16_own_loop):
+///   model->to(torch::kBFloat16);
+///   mixtrain::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4),
+///                              mixtrain::optim::Rounding().weight_update(mixtrain::amp::WeightUpdate::kStochastic));
+///   loss.backward(); opt.step(); opt.zero_grad();
+
+#include "mixtrain/amp/weight_update.h"
+
+#include <torch/arg.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace mixtrain::optim {
+
+/// How the optimizer writes a 16-bit weight back.
+struct Rounding {
+  TORCH_ARG(amp::WeightUpdate, weight_update) = amp::WeightUpdate::kNearest;
+  /// Seeds stochastic rounding, with the step and the parameter's index.
+  TORCH_ARG(uint64_t, seed) = 0;
+};
+
+/// What the five share: the rounding, its per-parameter state and counts.
+class RoundedSteps {
+ public:
+  const Rounding& rounding() const { return rounding_; }
+  /// The element updates lost to rounding since the last call, over every parameter,
+  /// and restarts the count (an fp32 parameter loses none: it is not rounded).
+  amp::LostUpdates lost_updates();
+  /// The same per parameter, in parameters() order, without restarting the count.
+  const std::vector<amp::LostUpdates>& lost_updates_per_param() const { return lost_; }
+  /// step() calls so far: with the parameter's index, the stochastic stream.
+  int64_t steps_taken() const { return steps_; }
+
+ protected:
+  explicit RoundedSteps(Rounding rounding) : rounding_(rounding) {}
+  /// The step of every parameter of `self` that has a gradient.
+  torch::Tensor rounded_step(torch::optim::Optimizer& self, const torch::optim::Optimizer::LossClosure& closure);
+  /// The rounding's state after torch's: the step count and the Kahan compensations.
+  void save_rounding(const torch::optim::Optimizer& self, torch::serialize::OutputArchive& archive) const;
+  void load_rounding(const torch::optim::Optimizer& self, torch::serialize::InputArchive& archive);
+
+ private:
+  Rounding rounding_;
+  int64_t steps_ = 0;
+  std::unordered_map<const void*, torch::Tensor> compensation_;  // by parameter (kahan, bf16 weights)
+  std::vector<amp::LostUpdates> lost_;
+};
+
+class AdamW : public torch::optim::AdamW, public RoundedSteps {
+ public:
+  explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                 torch::optim::AdamWOptions defaults = {}, Rounding rounding = {});
+  explicit AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {}, Rounding rounding = {});
+  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+class Adam : public torch::optim::Adam, public RoundedSteps {
+ public:
+  explicit Adam(const std::vector<torch::optim::OptimizerParamGroup>& groups, torch::optim::AdamOptions defaults = {},
+                Rounding rounding = {});
+  explicit Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults = {}, Rounding rounding = {});
+  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+class SGD : public torch::optim::SGD, public RoundedSteps {
+ public:
+  explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, torch::optim::SGDOptions defaults,
+               Rounding rounding = {});
+  explicit SGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults, Rounding rounding = {});
+  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+class RMSprop : public torch::optim::RMSprop, public RoundedSteps {
+ public:
+  explicit RMSprop(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                   torch::optim::RMSpropOptions defaults = {}, Rounding rounding = {});
+  explicit RMSprop(std::vector<torch::Tensor> params, torch::optim::RMSpropOptions defaults = {}, Rounding rounding = {});
+  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+class Adagrad : public torch::optim::Adagrad, public RoundedSteps {
+ public:
+  explicit Adagrad(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                   torch::optim::AdagradOptions defaults = {}, Rounding rounding = {});
+  explicit Adagrad(std::vector<torch::Tensor> params, torch::optim::AdagradOptions defaults = {}, Rounding rounding = {});
+  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+} // namespace mixtrain::optim

@@ -1,0 +1,263 @@
+#include "mixtrain/optim/update_rule.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace mixtrain::optim {
+
+std::vector<std::string> state_names(const UpdateRule& rule) {
+  switch (rule.kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam:
+      if (rule.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+      return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kSgd:
+      if (rule.momentum != 0) return {"momentum_buffer"};
+      return {};
+    case OptimizerKind::kRmsprop: {
+      std::vector<std::string> names = {"square_avg"};
+      if (rule.momentum > 0) names.push_back("momentum_buffer");
+      if (rule.centered) names.push_back("grad_avg");
+      return names;
+    }
+    case OptimizerKind::kAdagrad: return {"sum"};
+  }
+  return {};
+}
+
+namespace {
+
+using torch::Tensor;
+
+// The step on fp32 tensors, torch.optim's single-tensor code op for op (torch 2.13's
+// _single_tensor_adam, _sgd, _rmsprop, _adagrad without capturable/differentiable): the
+// same ATen ops with the same double scalars, so that fp32 storage gives torch's bits.
+// `p` and `state` are updated in place; `g` is read only.
+void fp32_step(const UpdateRule& r, int64_t step, bool fresh_momentum, Tensor& p, Tensor g, std::vector<Tensor>& state) {
+  if (r.maximize) g = g.neg();
+  const double stepd = static_cast<double>(step);  // torch reads its float step tensor as a Python float
+  switch (r.kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam: {
+      Tensor& exp_avg = state[0];
+      Tensor& exp_avg_sq = state[1];
+      if (r.weight_decay != 0) {
+        if (r.kind == OptimizerKind::kAdamW)
+          p.mul_(1 - r.lr * r.weight_decay);
+        else
+          g = g.add(p, r.weight_decay);
+      }
+      exp_avg.lerp_(g, 1 - r.beta1);
+      exp_avg_sq.mul_(r.beta2).addcmul_(g, g, 1 - r.beta2);
+      const double bias_correction1 = 1 - std::pow(r.beta1, stepd);
+      const double bias_correction2 = 1 - std::pow(r.beta2, stepd);
+      const double step_size = r.lr / bias_correction1;
+      const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);  // Python's `** 0.5`, not sqrt
+      Tensor denom;
+      if (r.amsgrad) {
+        Tensor& max_sq = state[2];
+        at::maximum_out(max_sq, max_sq, exp_avg_sq);
+        denom = (max_sq.sqrt() / bias_correction2_sqrt).add_(r.eps);
+      } else {
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(r.eps);
+      }
+      p.addcdiv_(exp_avg, denom, -step_size);
+      return;
+    }
+    case OptimizerKind::kSgd: {
+      if (r.weight_decay != 0) g = g.add(p, r.weight_decay);
+      if (r.momentum != 0) {
+        Tensor& buf = state[0];
+        if (fresh_momentum)
+          buf.copy_(g);  // torch: buf = grad.clone()
+        else
+          buf.mul_(r.momentum).add_(g, 1 - r.dampening);
+        g = r.nesterov ? g.add(buf, r.momentum) : buf;
+      }
+      p.add_(g, -r.lr);
+      return;
+    }
+    case OptimizerKind::kRmsprop: {
+      if (r.weight_decay != 0) g = g.add(p, r.weight_decay);
+      Tensor& square_avg = state[0];
+      square_avg.mul_(r.alpha).addcmul_(g, g, 1 - r.alpha);
+      Tensor avg;
+      if (r.centered) {
+        Tensor& grad_avg = state[r.momentum > 0 ? 2 : 1];
+        grad_avg.lerp_(g, 1 - r.alpha);
+        avg = square_avg.addcmul(grad_avg, grad_avg, -1).sqrt_();
+      } else {
+        avg = square_avg.sqrt();
+      }
+      avg.add_(r.eps);
+      if (r.momentum > 0) {
+        Tensor& buf = state[1];
+        buf.mul_(r.momentum).addcdiv_(g, avg);
+        p.add_(buf, -r.lr);
+      } else {
+        p.addcdiv_(g, avg, -r.lr);
+      }
+      return;
+    }
+    case OptimizerKind::kAdagrad: {
+      if (r.weight_decay != 0) g = g.add(p, r.weight_decay);
+      const double clr = r.lr / (1 + (stepd - 1) * r.lr_decay);
+      Tensor& sum = state[0];
+      sum.addcmul_(g, g, 1);
+      Tensor std = sum.sqrt().add_(r.eps);
+      p.addcdiv_(g, std, -clr);
+      return;
+    }
+  }
+}
+
+bool is_fp32(const Tensor& t) { return t.scalar_type() == torch::kFloat; }
+
+void check(const UpdateRule& rule, const ParamStep& s, amp::WeightUpdate weight_update) {
+  TORCH_CHECK(s.param.defined() && s.param.is_floating_point(), "update_parameter: the parameter must be a floating-point tensor");
+  TORCH_CHECK(s.grad.defined() && s.grad.is_floating_point() && s.grad.sizes() == s.param.sizes() &&
+                  s.grad.device() == s.param.device(),
+              "update_parameter: the gradient must be a floating-point tensor of the parameter's shape ", s.param.sizes(),
+              " on its device");
+  TORCH_CHECK(!s.grad.is_sparse(), "update_parameter: mixtrain's optimizers take dense gradients");
+  const auto names = state_names(rule);
+  TORCH_CHECK(s.state.size() == names.size(), "update_parameter: ", optimizer_name(rule.kind), " with these options keeps ",
+              names.size(), " state tensors per parameter, got ", s.state.size());
+  for (size_t i = 0; i < names.size(); ++i)
+    TORCH_CHECK(s.state[i].defined() && s.state[i].is_floating_point() && s.state[i].sizes() == s.param.sizes() &&
+                    s.state[i].device() == s.param.device(),
+                "update_parameter: state '", names[i], "' must be a floating-point tensor of the parameter's shape ",
+                s.param.sizes(), " on its device");
+  TORCH_CHECK(s.step >= 1, "update_parameter: the step count starts at 1, got ", s.step);
+  const auto dtype = s.param.scalar_type();
+  TORCH_CHECK(dtype != torch::kHalf || weight_update == amp::WeightUpdate::kNearest, "update_parameter: weight_update=",
+              amp::weight_update_name(weight_update),
+              " rounds bf16 weights; fp16 parameters take 'nearest' only (for fp16, train fp32 parameters under "
+              "autocast with a GradScaler)");
+  TORCH_CHECK(dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf,
+              "update_parameter: parameters are fp32, bf16 or fp16, got ", dtype);
+  if (dtype == torch::kBFloat16 && weight_update == amp::WeightUpdate::kKahan)
+    TORCH_CHECK(s.compensation.defined() && s.compensation.sizes() == s.param.sizes() &&
+                    (s.compensation.scalar_type() == torch::kBFloat16 || is_fp32(s.compensation)) &&
+                    s.compensation.device() == s.param.device(),
+                "update_parameter: kahan needs a compensation (bf16 or fp32) of the parameter's shape");
+}
+
+/// Writes `w32` (the fp32 result, `old32` the weight before) into `param_part` by the rule
+/// and counts what rounding lost. `first` is the part's first element in the parameter.
+amp::LostUpdates write_weight(Tensor param_part, Tensor& w32, const Tensor& old32, Tensor comp_part,
+                              amp::WeightUpdate rule, uint64_t seed, uint64_t stream, uint64_t first) {
+  amp::LostUpdates s;
+  const auto dtype = param_part.scalar_type();
+  if (dtype == torch::kFloat) {
+    s.elements = w32.numel();  // updated in place; nothing rounded
+    return s;
+  }
+  if (dtype == torch::kBFloat16) {
+    const bool kahan = rule == amp::WeightUpdate::kKahan;
+    Tensor comp32 = kahan ? comp_part.to(torch::kFloat).contiguous() : Tensor();
+    if (w32.is_cpu()) {
+      TORCH_INTERNAL_ASSERT(w32.is_contiguous() && old32.is_contiguous());
+      s = amp::round_update_span(w32.data_ptr<float>(), old32.data_ptr<float>(),
+                                 kahan ? comp32.data_ptr<float>() : nullptr, w32.numel(), first, rule, seed, stream);
+    } else {
+      TORCH_INTERNAL_ASSERT(first == 0);  // another device: the whole tensor is one part
+      s = amp::round_update(w32, old32, rule, kahan ? &comp32 : nullptr, seed, stream);
+    }
+    param_part.copy_(w32);  // bf16 values already: exact
+    if (kahan && !comp32.is_same(comp_part)) comp_part.copy_(comp32);
+    return s;
+  }
+  // fp16, nearest: torch's own conversion, and the same counts.
+  param_part.copy_(w32);
+  const Tensor out = param_part.to(torch::kFloat);
+  const Tensor u = w32 - old32;
+  const Tensor intended = u != 0;
+  s.elements = w32.numel();
+  s.intended = intended.sum().item<int64_t>();
+  s.lost = (intended & (out == old32)).sum().item<int64_t>();
+  s.intended_sq = u.to(torch::kDouble).square().sum().item<double>();
+  s.lost_sq = (w32 - out).to(torch::kDouble).square().sum().item<double>();
+  return s;
+}
+
+/// The step on one part of the flattened tensors (a chunk, or the whole of a strided or
+/// non-CPU tensor): fp32 copies of whatever is not fp32, the ops, each written back once.
+amp::LostUpdates step_part(const UpdateRule& r, const ParamStep& s, amp::WeightUpdate rule, uint64_t seed,
+                           const Tensor& param, const Tensor& grad, const std::vector<Tensor>& state, const Tensor& comp,
+                           uint64_t first) {
+  const bool wide_param = is_fp32(param);
+  Tensor w32 = wide_param ? param : param.to(torch::kFloat).contiguous();
+  const Tensor old32 = wide_param ? Tensor() : w32.clone();
+  std::vector<Tensor> st32;
+  st32.reserve(state.size());
+  for (const Tensor& t : state) st32.push_back(is_fp32(t) ? t : t.to(torch::kFloat));
+  fp32_step(r, s.step, s.fresh_momentum, w32, is_fp32(grad) ? grad : grad.to(torch::kFloat), st32);
+  for (size_t i = 0; i < state.size(); ++i)
+    if (!st32[i].is_same(state[i])) state[i].copy_(st32[i]);  // to nearest, in the state's dtype
+  if (wide_param) {
+    amp::LostUpdates none;
+    none.elements = param.numel();
+    return none;
+  }
+  return write_weight(param, w32, old32, comp, rule, seed, s.stream, first);
+}
+
+} // namespace
+
+amp::LostUpdates update_parameter(const UpdateRule& rule, ParamStep& s, amp::WeightUpdate weight_update, uint64_t seed) {
+  check(rule, s, weight_update);
+  torch::NoGradGuard no_grad;
+  // Detached: the parts below are views and copies with no autograd history, on any thread.
+  const Tensor param = s.param.detach(), grad = s.grad.detach();
+  std::vector<Tensor> state;
+  for (const Tensor& t : s.state) state.push_back(t.detach());
+  const bool kahan = s.param.scalar_type() == torch::kBFloat16 && weight_update == amp::WeightUpdate::kKahan;
+  const Tensor comp = kahan ? s.compensation.detach() : Tensor();
+
+  bool all_fp32 = is_fp32(param) && is_fp32(grad);
+  for (const Tensor& t : state) all_fp32 = all_fp32 && is_fp32(t);
+  if (all_fp32) {
+    // torch's own step on the tensors themselves.
+    Tensor p = param;
+    fp32_step(rule, s.step, s.fresh_momentum, p, grad, state);
+    amp::LostUpdates none;
+    none.elements = param.numel();
+    return none;
+  }
+
+  bool chunked = param.is_cpu() && param.is_contiguous() && grad.is_contiguous() && (!kahan || comp.is_contiguous());
+  for (const Tensor& t : state) chunked = chunked && t.is_contiguous();
+  if (!chunked) return step_part(rule, s, weight_update, seed, param, grad, state, comp, 0);
+
+  // Chunks of amp::kUpdateChunk elements, in parallel, each counted on its own and summed
+  // in order: the numbers and counts do not depend on the thread count, and the counts
+  // are round_update's on the same values.
+  const int64_t n = param.numel();
+  const Tensor flat_param = param.view(-1), flat_grad = grad.view(-1);
+  std::vector<Tensor> flat_state;
+  for (const Tensor& t : state) flat_state.push_back(t.view(-1));
+  const Tensor flat_comp = kahan ? comp.view(-1) : Tensor();
+  const int64_t chunks = (n + amp::kUpdateChunk - 1) / amp::kUpdateChunk;
+  std::vector<amp::LostUpdates> parts(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    torch::NoGradGuard worker_no_grad;  // grad mode is per thread
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t lo = c * amp::kUpdateChunk, len = std::min(amp::kUpdateChunk, n - lo);
+      std::vector<Tensor> st;
+      st.reserve(flat_state.size());
+      for (const Tensor& t : flat_state) st.push_back(t.narrow(0, lo, len));
+      parts[static_cast<size_t>(c)] =
+          step_part(rule, s, weight_update, seed, flat_param.narrow(0, lo, len), flat_grad.narrow(0, lo, len), st,
+                    kahan ? flat_comp.narrow(0, lo, len) : Tensor(), static_cast<uint64_t>(lo));
+    }
+  });
+  amp::LostUpdates total;
+  for (const auto& p : parts) total += p;
+  return total;
+}
+
+} // namespace mixtrain::optim
