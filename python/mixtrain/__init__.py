@@ -588,12 +588,45 @@ class Diagnosis:
         elif loop and self.proven_fix:
             self.report = self.report.rstrip("\n") + ("\nin your loop: not yet (%s has no line for a plain loop in "
                                                        "this package yet)\n" % self.proven_fix["flags"])
+        self.islands = None  # apply()'s keep_fp32 handle
         self.evidence = list(self._dict.get("findings") or [])  # the report's evidence lines
         self.measurements = self._dict.get("evidence")  # what they were read from: both runs, traces, checks
 
     @property
     def healthy(self):
         return self.verdict == "healthy"
+
+    def apply(self, model, optimizer):
+        """Does what ``loop_lines`` say, on your model and optimizer, and returns the optimizer to
+        go on with: ``weight_update`` converts it (``mixtrain.optim.from_torch``, its state and
+        hyper-parameters kept; a mixtrain optimizer has its rule changed), ``keep_fp32`` makes the
+        islands (their handle is ``self.islands``). What is your loop's own code (autocast's
+        dtype, a GradScaler's settings, clipping) it cannot do: it warns with those lines, to
+        write. A diagnosis with no proven fix, or one whose fix has no line for a plain loop,
+        is a ValueError."""
+        if not self.proven_fix:
+            raise ValueError("apply: the doctor proved no fix (verdict %s): there is nothing to apply" % self.verdict)
+        if not self.loop_lines:
+            raise ValueError("apply: the proven fix (%s) has no line for a plain loop in this package yet" %
+                             self.proven_fix["flags"])
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError("apply: model must be a torch.nn.Module, got %s" % type(model).__name__)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError("apply: optimizer must be a torch.optim optimizer, got %s" % type(optimizer).__name__)
+        by_key = {s["key"]: s["value"] for s in self.proven_fix["settings"]}
+        to_write = [line for line in self.loop_lines if not line.startswith(("opt = ", "islands = "))]
+        if "weight_update" in by_key:
+            rule = by_key["weight_update"]
+            if isinstance(optimizer, optim._RoundedOptimizer):
+                optimizer.weight_update = rule
+            else:
+                optimizer = optim.from_torch(optimizer, weight_update=rule)
+        if "keep_fp32" in by_key:
+            self.islands = keep_fp32(model, by_key["keep_fp32"].split(","))
+        if to_write:
+            warnings.warn("apply: the rest of the proven fix is your loop's own code; write: %s" % "; ".join(to_write),
+                          stacklevel=2)
+        return optimizer
 
     def to_dict(self):
         """diagnosis.json's content, with ``model_source``."""

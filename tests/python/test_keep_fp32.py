@@ -1,5 +1,7 @@
 """mixtrain.keep_fp32: fp32 islands for any model in the user's own loop (bf16 models and
 torch.autocast alike), and their undoing."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -107,7 +109,11 @@ def test_the_doctor_from_an_fp16_loop_proves_the_island_and_hands_over_the_line(
     assert d.loop_lines == ["islands = mixtrain.keep_fp32(model, ['proj'])  # once, before the loop"], d.loop_lines
     assert "in your loop:\n  islands = mixtrain.keep_fp32(model, ['proj'])" in d.report
     # The loop runs the line and goes on, finite.
-    islands = eval(d.loop_lines[0].split("=", 1)[1].split("#")[0], {"mixtrain": mixtrain, "model": model})
+    pasted = eval(d.loop_lines[0].split("=", 1)[1].split("#")[0], {"mixtrain": mixtrain, "model": copy.deepcopy(model)})
+    assert isinstance(pasted, mixtrain.Fp32Islands)
+    assert d.apply(model, opt) is opt  # the same line, done for you: the optimizer needs no change
     losses = fp16_steps(model, batches[20:40], opt, scaler)
     assert all(torch.isfinite(torch.tensor(losses))), losses
-    islands.remove()
+    d.islands.remove()
+    with pytest.raises(ValueError, match="apply: optimizer must be a torch.optim optimizer, got str"):
+        d.apply(model, "adamw")

@@ -285,7 +285,15 @@ def test_the_new_users_case_doctor_then_the_line_then_fp32s_result():
     assert d.loop_lines == ["opt = mixtrain.optim.from_torch(opt, weight_update='stochastic')  # your optimizer, its "
                             "state and hyper-parameters, each update rounded stochastically"], d.report
     exec(d.loop_lines[0].split("#")[0], {"mixtrain": mixtrain}, scope := {"opt": opt})
-    opt = scope["opt"]
+    pasted = scope["opt"]
+    applied = d.apply(bf16, opt)  # the same, done for you
+    assert type(pasted) is type(applied) is optim.AdamW and pasted.weight_update == applied.weight_update == "stochastic"
+    for p in bf16.parameters():  # both carry the loop's own AdamW state on
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(pasted.state[p][key], applied.state[p][key]) and torch.equal(applied.state[p][key],
+                                                                                            opt.state[p][key])
+    assert d.islands is None
+    opt = applied
     # The loop goes on after the window the doctor read (the fp32 loop trains on those batches,
     # so both take the same number of steps), then both finish the fine-tune.
     steps(fp32, fp32_opt, batches[40:80], torch.float32)
