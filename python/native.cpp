@@ -151,6 +151,10 @@ std::shared_ptr<const run::LoopState> loop_state(const py::dict& d) {
     group.dampening = g["dampening"].cast<double>();
     group.nesterov = g["nesterov"].cast<bool>();
     group.amsgrad = g["amsgrad"].cast<bool>();
+    group.alpha = g["alpha"].cast<double>();
+    group.centered = g["centered"].cast<bool>();
+    group.lr_decay = g["lr_decay"].cast<double>();
+    group.initial_accumulator_value = g["initial_accumulator_value"].cast<double>();
     loop->groups.push_back(std::move(group));
   }
   loop->state = d["state"].cast<std::map<std::string, std::map<std::string, at::Tensor>>>();

@@ -708,7 +708,11 @@ class LrFind:
 
 
 # The torch.optim optimizers a training loop's state is read from, as the Learner names them.
-_LOOP_OPTIMIZERS = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd"}
+_LOOP_OPTIMIZERS = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd",
+                    torch.optim.RMSprop: "rmsprop", torch.optim.Adagrad: "adagrad",
+                    # mixtrain's own, after a cure (its rule is the doctor's to try, not to keep)
+                    optim.AdamW: "adamw", optim.Adam: "adam", optim.SGD: "sgd", optim.RMSprop: "rmsprop",
+                    optim.Adagrad: "adagrad"}
 
 
 def _number(v):
@@ -720,7 +724,8 @@ def _loop_state(model, optimizer):
     (by the model's parameter names) and each parameter's state, as fp32 tensors."""
     kind = _LOOP_OPTIMIZERS.get(type(optimizer))
     if kind is None:
-        raise ValueError("optimizer is a %s: the doctor takes the state of torch.optim.AdamW, Adam or SGD" %
+        raise ValueError("optimizer is a %s: the doctor takes the state of torch.optim.AdamW, Adam, SGD, RMSprop or "
+                         "Adagrad (or mixtrain.optim's)" %
                          type(optimizer).__name__)
     names = {}
     for name, p in model.named_parameters():
@@ -730,7 +735,9 @@ def _loop_state(model, optimizer):
         if g.get("maximize"):
             raise ValueError("optimizer has maximize=True: the doctor minimizes the loss; pass an optimizer that does")
         if kind == "adam" and g.get("decoupled_weight_decay"):
-            raise ValueError("optimizer is Adam with decoupled_weight_decay=True: pass it as torch.optim.AdamW")
+            if not isinstance(optimizer, optim.Adam):
+                raise ValueError("optimizer is Adam with decoupled_weight_decay=True: pass it as torch.optim.AdamW")
+            kind = "adamw"  # mixtrain.optim.AdamW's groups say so
         params = []
         for p in g["params"]:
             if id(p) not in names:
@@ -742,7 +749,10 @@ def _loop_state(model, optimizer):
         groups.append(dict(params=params, lr=_number(g["lr"]), weight_decay=_number(g.get("weight_decay", 0)),
                            eps=_number(g.get("eps", 1e-8)), beta1=_number(betas[0]), beta2=_number(betas[1]),
                            momentum=_number(g.get("momentum", 0)), dampening=_number(g.get("dampening", 0)),
-                           nesterov=bool(g.get("nesterov", False)), amsgrad=bool(g.get("amsgrad", False))))
+                           nesterov=bool(g.get("nesterov", False)), amsgrad=bool(g.get("amsgrad", False)),
+                           alpha=_number(g.get("alpha", 0.99)), centered=bool(g.get("centered", False)),
+                           lr_decay=_number(g.get("lr_decay", 0)),
+                           initial_accumulator_value=_number(g.get("initial_accumulator_value", 0))))
     if not groups:
         raise ValueError("optimizer holds no parameters")
     if len({g["lr"] for g in groups}) > 1:
@@ -909,7 +919,8 @@ _SUMMARIES = {
 # doctor's own keywords: where it branches from (a training loop's state, or a run folder).
 _BRANCH_HELP = [
     "optimizer, scaler, steps: branch from where your own training loop stands: the model's weights, the state of "
-    "optimizer (torch.optim.AdamW, Adam or SGD: moments, step counts, momentum buffers, its lr and weight decay) and "
+    "optimizer (torch.optim.AdamW, Adam, SGD, RMSprop, Adagrad or mixtrain.optim's: moments, step counts, momentum "
+    "buffers, its lr and weight decay) and "
     "a GradScaler's scale (fp16). The window is the next `steps` batches of data (an iterator continues where your "
     "loop is, and the doctor uses up those `steps` batches of it: your loop goes on after them; a DataLoader is "
     "iterated afresh, its shuffle drawn without moving your random state; (x, y) tensors are cut into batches of "

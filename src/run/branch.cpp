@@ -1,5 +1,7 @@
 #include "mixtrain/run/branch.h"
 
+#include "mixtrain/optim/optimizers.h"
+
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/callbacks/checkpointer.h"
 #include "mixtrain/callbacks/gradient_clip.h"
@@ -784,6 +786,20 @@ std::unique_ptr<torch::optim::OptimizerParamState> loop_param_state(const std::s
     if (!out->momentum_buffer().defined()) return nullptr;  // SGD without momentum keeps nothing
     return out;
   }
+  if (optimizer == "rmsprop") {
+    auto out = std::make_unique<torch::optim::RMSpropParamState>();
+    out->step(step());
+    out->square_avg(tensor("square_avg", true));
+    out->momentum_buffer(tensor("momentum_buffer", false));
+    out->grad_avg(tensor("grad_avg", false));
+    return out;
+  }
+  if (optimizer == "adagrad") {
+    auto out = std::make_unique<torch::optim::AdagradParamState>();
+    out->step(step());
+    out->sum(tensor("sum", true));
+    return out;
+  }
   const auto fill = [&](auto& out) {
     out->step(step());
     out->exp_avg(tensor("exp_avg", true));
@@ -845,7 +861,20 @@ OptimizerFactory loop_optimizer(const LoopState& loop, const Model& model) {
         held.push_back(p->second);
       }
       std::unique_ptr<torch::optim::OptimizerOptions> options;
-      if (loop.optimizer == "sgd")
+      if (loop.optimizer == "rmsprop")
+        options = std::make_unique<torch::optim::RMSpropOptions>(torch::optim::RMSpropOptions(g.lr)
+                                                                     .alpha(g.alpha)
+                                                                     .eps(g.eps)
+                                                                     .weight_decay(g.weight_decay)
+                                                                     .momentum(g.momentum)
+                                                                     .centered(g.centered));
+      else if (loop.optimizer == "adagrad")
+        options = std::make_unique<torch::optim::AdagradOptions>(torch::optim::AdagradOptions(g.lr)
+                                                                     .lr_decay(g.lr_decay)
+                                                                     .weight_decay(g.weight_decay)
+                                                                     .initial_accumulator_value(g.initial_accumulator_value)
+                                                                     .eps(g.eps));
+      else if (loop.optimizer == "sgd")
         options = std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(g.lr)
                                                                  .momentum(g.momentum)
                                                                  .dampening(g.dampening)
@@ -859,9 +888,14 @@ OptimizerFactory loop_optimizer(const LoopState& loop, const Model& model) {
             torch::optim::AdamOptions(g.lr).betas({g.beta1, g.beta2}).eps(g.eps).weight_decay(g.weight_decay).amsgrad(g.amsgrad));
       groups.emplace_back(std::move(held), std::move(options));
     }
-    if (loop.optimizer == "sgd") return std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(loop.groups.front().lr));
-    if (loop.optimizer == "adamw") return std::make_unique<torch::optim::AdamW>(groups);
-    return std::make_unique<torch::optim::Adam>(groups);
+    const auto& first = loop.groups.front();
+    if (loop.optimizer == "sgd") return std::make_unique<mixtrain::optim::SGD>(groups, torch::optim::SGDOptions(first.lr));
+    if (loop.optimizer == "rmsprop") return std::make_unique<mixtrain::optim::RMSprop>(groups);
+    if (loop.optimizer == "adagrad")
+      return std::make_unique<mixtrain::optim::Adagrad>(
+          groups, torch::optim::AdagradOptions(first.lr).initial_accumulator_value(first.initial_accumulator_value));
+    if (loop.optimizer == "adamw") return std::make_unique<mixtrain::optim::AdamW>(groups);
+    return std::make_unique<mixtrain::optim::Adam>(groups);
   };
 }
 

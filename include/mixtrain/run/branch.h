@@ -66,19 +66,26 @@ struct LoopState {
   struct Group {
     std::vector<std::string> params;  ///< names, as the model's named_parameters() says them
     double lr = 0, weight_decay = 0, eps = 1e-8, beta1 = 0.9, beta2 = 0.999;  ///< Adam, AdamW (eps, betas)
-    double momentum = 0, dampening = 0;                                       ///< SGD
+    double momentum = 0, dampening = 0;                                       ///< SGD (momentum: RMSprop too)
     bool nesterov = false, amsgrad = false;
+    double alpha = 0.99;                                ///< RMSprop
+    bool centered = false;                              ///< RMSprop
+    double lr_decay = 0, initial_accumulator_value = 0;  ///< Adagrad
   };
-  std::string optimizer;  ///< "adamw", "adam" or "sgd"
+  std::string optimizer;  ///< "adamw", "adam", "sgd", "rmsprop" or "adagrad"
   std::vector<Group> groups;
   /// Per parameter name, its state as torch.optim keeps it: "step", "exp_avg",
-  /// "exp_avg_sq", "max_exp_avg_sq" (Adam, AdamW) or "momentum_buffer" (SGD). A
+  /// "exp_avg_sq", "max_exp_avg_sq" (Adam, AdamW); "momentum_buffer" (SGD); "step",
+  /// "square_avg", "momentum_buffer", "grad_avg" (RMSprop); "step", "sum" (Adagrad). A
   /// parameter the optimizer has not stepped yet has none.
   std::map<std::string, std::map<std::string, at::Tensor>> state;
 };
 
 /// The optimizer the loop was stepping, with its groups and hyperparameters, over
-/// `model`'s parameters (found by name): an OptimizerFactory for LearnerOptions.
+/// `model`'s parameters (found by name): an OptimizerFactory for LearnerOptions. It is
+/// mixtrain's (optim/optimizers.h): torch.optim's update, op for op, which is what the
+/// loop runs (libtorch's own Adam differs in a few ulps), and what mixtrain.optim runs
+/// after the cure.
 OptimizerFactory loop_optimizer(const LoopState& loop, const Model& model);
 
 /// The doctor of a training loop's state (RunArgs::loop): the next window of the loop
