@@ -6,6 +6,8 @@
 
 #include <mixtrain/mixtrain.h>
 
+#include <cmath>
+
 namespace {
 
 using namespace mixtrain;
@@ -82,6 +84,50 @@ TEST(Fp32IslandsTest, UnderRealAutocastAnIslandFedABf16ActivationComputesInFp32)
   ASSERT_EQ(activation.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(in_island.scalar_type(), torch::kFloat);
   EXPECT_TRUE(torch::equal(in_island, torch::layer_norm(activation.to(torch::kFloat), {8})));
+}
+
+// A hand-written loop's keep_fp32 (C++ modules open no scope: parameter ownership places the
+// ops): fp16 autocast on the CPU, a projection whose outputs pass 65504, then a LayerNorm
+// (which autocast runs in fp32). Without the island the forward overflows; with it the loss
+// and every gradient are finite, and the guard's end gives autocast back.
+struct OverflowingImpl : torch::nn::Module {
+  OverflowingImpl()
+      : proj(register_module("proj", torch::nn::Linear(20, 32))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})))),
+        head(register_module("head", torch::nn::Linear(32, 3))) {
+    torch::NoGradGuard no_grad;
+    proj->weight.mul_(50000);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(norm(proj(x))); }
+  torch::nn::Linear proj;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Overflowing);
+
+TEST(Fp32IslandsTest, KeepFp32InAHandWrittenAutocastLoopKeepsTheOverflowingModuleFinite) {
+  torch::manual_seed(0);
+  Overflowing model;
+  const torch::Tensor x = torch::randn({16, 20}), y = torch::randint(0, 3, {16});
+  const auto step = [&] {
+    model->zero_grad();
+    torch::Tensor loss;
+    {
+      amp::autocast fp16(torch::kCPU, torch::kHalf);
+      loss = torch::nn::functional::cross_entropy(model->forward(x).to(torch::kFloat), y);
+    }
+    loss.backward();
+    bool finite = std::isfinite(loss.item<double>());
+    for (const auto& p : model->parameters()) finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+    return finite;
+  };
+  EXPECT_FALSE(step());  // the projection's outputs overflow fp16
+  {
+    const auto islands = amp::keep_fp32(*model, {"proj"});
+    EXPECT_TRUE(step());
+  }
+  EXPECT_FALSE(step());  // the guard is gone: autocast as before
+  EXPECT_THROW_WITH(amp::keep_fp32(*model, {"porj"}), "closest: proj");
 }
 
 TEST(Fp32IslandsTest, PatternsMatchModulePathsAndBadNamesAreNamed) {

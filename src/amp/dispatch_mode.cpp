@@ -471,6 +471,11 @@ std::vector<std::string> check_islands(const std::vector<std::string>& patterns,
   return kept;
 }
 
+std::unique_ptr<Fp32Islands> keep_fp32(const torch::nn::Module& model, const std::vector<std::string>& patterns) {
+  check_islands(patterns, model);
+  return std::make_unique<Fp32Islands>(patterns, std::make_shared<const IslandParams>(island_params(patterns, model)));
+}
+
 OpTraceScope::OpTraceScope(OpObserver* observer)
     : previous_(detail::set_op_observer(observer)),
       mode_(std::make_shared<detail::DispatchModeGuard>(detail::Mode::kOpTrace)) {}

@@ -47,6 +47,21 @@ class Fp32Islands {
   std::shared_ptr<void> mode_;  // includes the dispatcher key the islands' ops are caught on
 };
 
+/// keep_fp32 for a hand-written libtorch loop under autocast (amp::autocast: fp16 or bf16,
+/// CPU or CUDA) or the emulation: the modules of `model` that `patterns` name stay fp32 on
+/// this thread while the returned guard lives, by module scope and by parameter ownership
+/// (a C++ module's forward opens no scope: the ops that take an island's parameters are
+/// the island). The names are checked first (check_islands: one OptionError naming the
+/// closest paths). Not for a model stored in bf16 without autocast: there the island's
+/// parameters would have to be fp32 and its inputs cast in, which Python's
+/// mixtrain.keep_fp32 does with hooks, and C++ modules have none.
+///
+/// Example:
+///   auto islands = mixtrain::amp::keep_fp32(*model, {"proj"});
+///   mixtrain::amp::autocast fp16(torch::kCUDA, torch::kHalf);
+///   auto loss = loss_fn(model->forward(x), y);
+std::unique_ptr<Fp32Islands> keep_fp32(const torch::nn::Module& model, const std::vector<std::string>& patterns);
+
 /// The module paths of `model` (named_modules, the root left out) that `patterns`
 /// keep in fp32. Throws OptionError("keep_fp32") for an empty name, a pattern
 /// matching no module (naming the closest paths), or one matching every module.
