@@ -15,7 +15,7 @@ namespace {
 using namespace mixtrain;
 using amp::WeightUpdate;
 
-constexpr int64_t kBig = 2 * amp::kUpdateChunk + 29;  // two chunks of the core and a ragged tail
+constexpr int64_t kBig = 5 * amp::kUpdateChunk + 29;  // two compute chunks of the core (4 spans each), six spans, a ragged tail
 
 class RoundedOptimizersTest : public test::SeededTest {};
 

@@ -10,8 +10,10 @@
 /// The update is torch.optim's single-tensor implementation, op for op, in fp32:
 ///   - all-fp32 storage runs those ops on the tensors in place: bitwise torch.optim's step
 ///     (tested against it from Python, tests/python/test_optim.py);
-///   - any 16-bit tensor runs them on fp32 copies of one chunk (amp::kUpdateChunk
-///     elements) at a time, chunks in parallel, and writes each chunk back once. Every op
+///   - any 16-bit tensor runs them on fp32 copies of one chunk (4 x amp::kUpdateChunk =
+///     131072 elements: fewer dispatches, still in cache) at a time, chunks in parallel,
+///     and writes each chunk back once, its rounding counted in amp::kUpdateChunk spans
+///     summed in order (round_update's counts, bit for bit). Every op
 ///     is elementwise, so a chunk's numbers are the whole tensor's: bitwise the same
 ///     ops on fp32 tensors holding the 16-bit values, rounded after (tested). The fp32
 ///     temporaries are a few chunks, not a copy of the model.
