@@ -208,6 +208,29 @@ void RoundedSteps::load_rounding(const to::Optimizer& self, torch::serialize::In
     }
 }
 
+OptimizerFactory factory(const OptimizerSettings& settings, Rounding rounding) {
+  const OptimizerSettings s = settings.resolved();
+  return [s, rounding](const std::vector<Tensor>& params, double lr) -> std::unique_ptr<to::Optimizer> {
+    switch (s.kind()) {
+      case OptimizerKind::kAdamW:
+        return std::make_unique<AdamW>(
+            params, to::AdamWOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()), rounding);
+      case OptimizerKind::kAdam:
+        return std::make_unique<Adam>(
+            params, to::AdamOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()), rounding);
+      case OptimizerKind::kSgd:
+        return std::make_unique<SGD>(params, to::SGDOptions(lr).momentum(s.mom()).weight_decay(s.wd()), rounding);
+      case OptimizerKind::kRmsprop:
+        return std::make_unique<RMSprop>(
+            params, to::RMSpropOptions(lr).alpha(s.sqr_mom()).eps(s.eps()).momentum(s.mom()).weight_decay(s.wd()),
+            rounding);
+      case OptimizerKind::kAdagrad:
+        return std::make_unique<Adagrad>(params, to::AdagradOptions(lr).eps(s.eps()).weight_decay(s.wd()), rounding);
+    }
+    return nullptr;
+  };
+}
+
 // The five: torch's class for options, state and save/load, the core for the step.
 AdamW::AdamW(const std::vector<to::OptimizerParamGroup>& groups, to::AdamWOptions defaults, Rounding rounding)
     : to::AdamW(groups, std::move(defaults)), RoundedSteps(rounding) {}

@@ -1,5 +1,7 @@
 #include "mixtrain/run/learner_builder.h"
 
+#include "mixtrain/optim/optimizers.h"
+
 #include "mixtrain/run/branch.h"
 
 #include "mixtrain/amp/precision_options.h"
@@ -224,7 +226,7 @@ std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSpli
   check_model_fits_data(model, loss, split.valid, "the validation data");
   auto options = LearnerOptions().metrics(metrics_for(r, split, probe)).progress(progress).wd_bn_bias(r.wd_bn_bias);
   options.opt_func(a.loop ? loop_optimizer(*a.loop, model)  // the training loop's own optimizer
-                          : optimizer(r.opt));
+                          : optim::factory(r.opt));  // torch.optim's update, through mixtrain's core
   // A split point that names no layer is an OptionError("split_at") from the constructor (the splitter runs there).
   if (!r.split_at.empty()) options.splitter(split_at(split_names(r.split_at)));
   auto learn = std::make_unique<Learner>(std::move(model), data::DataLoaders::from_split(split, r.bs, r.seed),

@@ -23,6 +23,7 @@
 ///   loss.backward(); opt.step(); opt.zero_grad();
 
 #include "mixtrain/amp/weight_update.h"
+#include "mixtrain/core/optimizers.h"
 
 #include <torch/arg.h>
 #include <torch/optim/adagrad.h>
@@ -120,5 +121,11 @@ class Adagrad : public torch::optim::Adagrad, public RoundedSteps {
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 };
+
+/// mixtrain::optimizer(settings)'s factory with these classes in place of libtorch's: the
+/// same options, torch.optim's update (the run layer's Learners use it: the CLI, Python's
+/// train and doctor). Rounding applies to 16-bit parameters only, so a Learner's fp32
+/// storage (bf16-pure included: it rounds after the step) is stepped as torch.optim steps it.
+OptimizerFactory factory(const OptimizerSettings& settings, Rounding rounding = {});
 
 } // namespace mixtrain::optim
