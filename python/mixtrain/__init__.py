@@ -533,9 +533,10 @@ def _svg_html(svg):
     return "<div style='max-width:720px'>%s</div>" % svg if svg else ""
 
 
-def _loop_lines(settings):
+def _loop_lines(settings, ours=False):
     """A proven fix's settings as lines for the user's own PyTorch loop, or None where the
-    package has nothing to run yet (fp32 master weights)."""
+    package has nothing to run yet (fp32 master weights). `ours`: the loop's optimizer is
+    mixtrain.optim's already (its rule is changed, not converted)."""
     lines, scaler = [], []
     for s in settings:
         key, value = s["key"], s["value"]
@@ -546,6 +547,8 @@ def _loop_lines(settings):
                          "no GradScaler (fp32's exponent range)")
         elif key in ("init_scale", "growth_interval", "growth_factor", "backoff_factor"):
             scaler.append("%s=%s" % (key, value))
+        elif key == "weight_update" and ours:
+            lines.append("opt.weight_update = %r  # mixtrain's optimizer already: only its rounding changes" % value)
         elif key == "weight_update":
             lines.append("opt = mixtrain.optim.from_torch(opt, weight_update=%r)  # your optimizer, its state and "
                          "hyper-parameters, each update rounded %s" % (value, {
@@ -573,7 +576,7 @@ class Diagnosis:
     (from a training loop's state: the proven fix as the lines to paste into that loop,
     also in ``proven_fix["loop"]`` and the report; None otherwise)."""
 
-    def __init__(self, native, how, charts, loop=False):
+    def __init__(self, native, how, charts, loop=False, ours=False):
         self._dict = json.loads(native["diagnosis"])
         self.report = native["report"]
         self.model_source = how
@@ -581,7 +584,7 @@ class Diagnosis:
         for key in ("verdict", "headline", "fixes", "trials", "proven_fix"):
             setattr(self, key, self._dict.get(key))
         # From a training loop's state: the proven fix as the lines to paste into that loop.
-        self.loop_lines = _loop_lines(self.proven_fix["settings"]) if loop and self.proven_fix else None
+        self.loop_lines = _loop_lines(self.proven_fix["settings"], ours) if loop and self.proven_fix else None
         if self.loop_lines:
             self.proven_fix = dict(self.proven_fix, loop=self.loop_lines)
             self.report = self.report.rstrip("\n") + "\nin your loop:\n" + "".join("  %s\n" % l for l in self.loop_lines)
@@ -614,7 +617,7 @@ class Diagnosis:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError("apply: optimizer must be a torch.optim optimizer, got %s" % type(optimizer).__name__)
         by_key = {s["key"]: s["value"] for s in self.proven_fix["settings"]}
-        to_write = [line for line in self.loop_lines if not line.startswith(("opt = ", "islands = "))]
+        to_write = [line for line in self.loop_lines if not line.startswith(("opt = ", "opt.weight_update", "islands = "))]
         if "weight_update" in by_key:
             rule = by_key["weight_update"]
             if isinstance(optimizer, optim._RoundedOptimizer):
@@ -882,7 +885,8 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
     native, script, how, run = _call("doctor", model, None, valid, out, options, max_samples, extra=extra,
                                      window=(xs, y), loop=loop)
     run.close()
-    return Diagnosis(native, how, dict(native["charts"]), loop=True)
+    return Diagnosis(native, how, dict(native["charts"]), loop=True,
+                     ours=isinstance(optimizer, optim._RoundedOptimizer))
 
 
 def train(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **options):

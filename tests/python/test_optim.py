@@ -293,6 +293,13 @@ def test_the_new_users_case_doctor_then_the_line_then_fp32s_result():
             assert torch.equal(pasted.state[p][key], applied.state[p][key]) and torch.equal(applied.state[p][key],
                                                                                             opt.state[p][key])
     assert d.islands is None
+    # Had the loop already run mixtrain's optimizer (rounding to nearest), the line changes its rule.
+    ours = optim.from_torch(opt, weight_update="nearest")
+    d2 = mixtrain.doctor(bf16, iter(batches[40:]), optimizer=ours, steps=40, valid=(vx, vy), threads=1)
+    assert d2.verdict == "lost_updates", d2.report
+    assert d2.loop_lines == ["opt.weight_update = 'stochastic'  # mixtrain's optimizer already: only its rounding "
+                             "changes"], d2.report
+    assert d2.apply(bf16, ours) is ours and ours.weight_update == "stochastic"
     opt = applied
     # The loop goes on after the window the doctor read (the fp32 loop trains on those batches,
     # so both take the same number of steps), then both finish the fine-tune.
