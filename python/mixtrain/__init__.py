@@ -617,7 +617,8 @@ class Diagnosis:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError("apply: optimizer must be a torch.optim optimizer, got %s" % type(optimizer).__name__)
         by_key = {s["key"]: s["value"] for s in self.proven_fix["settings"]}
-        to_write = [line for line in self.loop_lines if not line.startswith(("opt = ", "opt.weight_update", "islands = "))]
+        # The lines of the settings apply() cannot do itself: the loop's own code.
+        to_write = _loop_lines([s for s in self.proven_fix["settings"] if s["key"] not in ("weight_update", "keep_fp32")])
         if "weight_update" in by_key:
             rule = by_key["weight_update"]
             if isinstance(optimizer, optim._RoundedOptimizer):

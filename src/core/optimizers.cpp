@@ -51,23 +51,37 @@ OptimizerSettings OptimizerSettings::resolved() const {
   return s;
 }
 
-OptimizerFactory optimizer(const OptimizerSettings& settings) {
+std::unique_ptr<torch::optim::OptimizerOptions> optimizer_options(const OptimizerSettings& settings, double lr) {
   const OptimizerSettings s = settings.resolved();
-  return [s](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
-    switch (s.kind()) {
-      case OptimizerKind::kAdamW:
-        return std::make_unique<topt::AdamW>(
-            params, topt::AdamWOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
-      case OptimizerKind::kAdam:
-        return std::make_unique<topt::Adam>(
-            params, topt::AdamOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
-      case OptimizerKind::kSgd:
-        return std::make_unique<topt::SGD>(params, topt::SGDOptions(lr).momentum(s.mom()).weight_decay(s.wd()));
+  switch (s.kind()) {
+    case OptimizerKind::kAdamW:
+      return std::make_unique<topt::AdamWOptions>(
+          topt::AdamWOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
+    case OptimizerKind::kAdam:
+      return std::make_unique<topt::AdamOptions>(
+          topt::AdamOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()));
+    case OptimizerKind::kSgd:
+      return std::make_unique<topt::SGDOptions>(topt::SGDOptions(lr).momentum(s.mom()).weight_decay(s.wd()));
+    case OptimizerKind::kRmsprop:
+      return std::make_unique<topt::RMSpropOptions>(
+          topt::RMSpropOptions(lr).alpha(s.sqr_mom()).eps(s.eps()).momentum(s.mom()).weight_decay(s.wd()));
+    case OptimizerKind::kAdagrad:
+      return std::make_unique<topt::AdagradOptions>(topt::AdagradOptions(lr).eps(s.eps()).weight_decay(s.wd()));
+  }
+  return nullptr;
+}
+
+OptimizerFactory optimizer(const OptimizerSettings& settings) {
+  return [settings](const std::vector<torch::Tensor>& params, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+    const auto o = optimizer_options(settings, lr);
+    switch (settings.kind()) {
+      case OptimizerKind::kAdamW: return std::make_unique<topt::AdamW>(params, static_cast<const topt::AdamWOptions&>(*o));
+      case OptimizerKind::kAdam: return std::make_unique<topt::Adam>(params, static_cast<const topt::AdamOptions&>(*o));
+      case OptimizerKind::kSgd: return std::make_unique<topt::SGD>(params, static_cast<const topt::SGDOptions&>(*o));
       case OptimizerKind::kRmsprop:
-        return std::make_unique<topt::RMSprop>(
-            params, topt::RMSpropOptions(lr).alpha(s.sqr_mom()).eps(s.eps()).momentum(s.mom()).weight_decay(s.wd()));
+        return std::make_unique<topt::RMSprop>(params, static_cast<const topt::RMSpropOptions&>(*o));
       case OptimizerKind::kAdagrad:
-        return std::make_unique<topt::Adagrad>(params, topt::AdagradOptions(lr).eps(s.eps()).weight_decay(s.wd()));
+        return std::make_unique<topt::Adagrad>(params, static_cast<const topt::AdagradOptions&>(*o));
     }
     return nullptr;
   };

@@ -209,92 +209,19 @@ void RoundedSteps::load_rounding(const to::Optimizer& self, torch::serialize::In
 }
 
 OptimizerFactory factory(const OptimizerSettings& settings, Rounding rounding) {
-  const OptimizerSettings s = settings.resolved();
-  return [s, rounding](const std::vector<Tensor>& params, double lr) -> std::unique_ptr<to::Optimizer> {
-    switch (s.kind()) {
-      case OptimizerKind::kAdamW:
-        return std::make_unique<AdamW>(
-            params, to::AdamWOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()), rounding);
-      case OptimizerKind::kAdam:
-        return std::make_unique<Adam>(
-            params, to::AdamOptions(lr).betas({s.mom(), s.sqr_mom()}).eps(s.eps()).weight_decay(s.wd()), rounding);
-      case OptimizerKind::kSgd:
-        return std::make_unique<SGD>(params, to::SGDOptions(lr).momentum(s.mom()).weight_decay(s.wd()), rounding);
+  return [settings, rounding](const std::vector<Tensor>& params, double lr) -> std::unique_ptr<to::Optimizer> {
+    const auto o = optimizer_options(settings, lr);  // mixtrain::optimizer's own options
+    switch (settings.kind()) {
+      case OptimizerKind::kAdamW: return std::make_unique<AdamW>(params, static_cast<const to::AdamWOptions&>(*o), rounding);
+      case OptimizerKind::kAdam: return std::make_unique<Adam>(params, static_cast<const to::AdamOptions&>(*o), rounding);
+      case OptimizerKind::kSgd: return std::make_unique<SGD>(params, static_cast<const to::SGDOptions&>(*o), rounding);
       case OptimizerKind::kRmsprop:
-        return std::make_unique<RMSprop>(
-            params, to::RMSpropOptions(lr).alpha(s.sqr_mom()).eps(s.eps()).momentum(s.mom()).weight_decay(s.wd()),
-            rounding);
+        return std::make_unique<RMSprop>(params, static_cast<const to::RMSpropOptions&>(*o), rounding);
       case OptimizerKind::kAdagrad:
-        return std::make_unique<Adagrad>(params, to::AdagradOptions(lr).eps(s.eps()).weight_decay(s.wd()), rounding);
+        return std::make_unique<Adagrad>(params, static_cast<const to::AdagradOptions&>(*o), rounding);
     }
     return nullptr;
   };
-}
-
-// The five: torch's class for options, state and save/load, the core for the step.
-AdamW::AdamW(const std::vector<to::OptimizerParamGroup>& groups, to::AdamWOptions defaults, Rounding rounding)
-    : to::AdamW(groups, std::move(defaults)), RoundedSteps(rounding) {}
-AdamW::AdamW(std::vector<Tensor> params, to::AdamWOptions defaults, Rounding rounding)
-    : to::AdamW(std::move(params), std::move(defaults)), RoundedSteps(rounding) {}
-void AdamW::save(torch::serialize::OutputArchive& archive) const {
-  to::AdamW::save(archive);
-  save_rounding(*this, archive);
-}
-void AdamW::load(torch::serialize::InputArchive& archive) {
-  to::AdamW::load(archive);
-  load_rounding(*this, archive);
-}
-
-Adam::Adam(const std::vector<to::OptimizerParamGroup>& groups, to::AdamOptions defaults, Rounding rounding)
-    : to::Adam(groups, std::move(defaults)), RoundedSteps(rounding) {}
-Adam::Adam(std::vector<Tensor> params, to::AdamOptions defaults, Rounding rounding)
-    : to::Adam(std::move(params), std::move(defaults)), RoundedSteps(rounding) {}
-void Adam::save(torch::serialize::OutputArchive& archive) const {
-  to::Adam::save(archive);
-  save_rounding(*this, archive);
-}
-void Adam::load(torch::serialize::InputArchive& archive) {
-  to::Adam::load(archive);
-  load_rounding(*this, archive);
-}
-
-SGD::SGD(const std::vector<to::OptimizerParamGroup>& groups, to::SGDOptions defaults, Rounding rounding)
-    : to::SGD(groups, std::move(defaults)), RoundedSteps(rounding) {}
-SGD::SGD(std::vector<Tensor> params, to::SGDOptions defaults, Rounding rounding)
-    : to::SGD(std::move(params), std::move(defaults)), RoundedSteps(rounding) {}
-void SGD::save(torch::serialize::OutputArchive& archive) const {
-  to::SGD::save(archive);
-  save_rounding(*this, archive);
-}
-void SGD::load(torch::serialize::InputArchive& archive) {
-  to::SGD::load(archive);
-  load_rounding(*this, archive);
-}
-
-RMSprop::RMSprop(const std::vector<to::OptimizerParamGroup>& groups, to::RMSpropOptions defaults, Rounding rounding)
-    : to::RMSprop(groups, std::move(defaults)), RoundedSteps(rounding) {}
-RMSprop::RMSprop(std::vector<Tensor> params, to::RMSpropOptions defaults, Rounding rounding)
-    : to::RMSprop(std::move(params), std::move(defaults)), RoundedSteps(rounding) {}
-void RMSprop::save(torch::serialize::OutputArchive& archive) const {
-  to::RMSprop::save(archive);
-  save_rounding(*this, archive);
-}
-void RMSprop::load(torch::serialize::InputArchive& archive) {
-  to::RMSprop::load(archive);
-  load_rounding(*this, archive);
-}
-
-Adagrad::Adagrad(const std::vector<to::OptimizerParamGroup>& groups, to::AdagradOptions defaults, Rounding rounding)
-    : to::Adagrad(groups, std::move(defaults)), RoundedSteps(rounding) {}
-Adagrad::Adagrad(std::vector<Tensor> params, to::AdagradOptions defaults, Rounding rounding)
-    : to::Adagrad(std::move(params), std::move(defaults)), RoundedSteps(rounding) {}
-void Adagrad::save(torch::serialize::OutputArchive& archive) const {
-  to::Adagrad::save(archive);
-  save_rounding(*this, archive);
-}
-void Adagrad::load(torch::serialize::InputArchive& archive) {
-  to::Adagrad::load(archive);
-  load_rounding(*this, archive);
 }
 
 } // namespace mixtrain::optim

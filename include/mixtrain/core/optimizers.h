@@ -53,6 +53,10 @@ struct OptimizerSettings {
   TORCH_ARG(double, wd) = std::numeric_limits<double>::quiet_NaN();
 };
 
+/// libtorch's options for these settings (NaNs resolved) at learning rate `lr`: AdamWOptions
+/// for kAdamW, and so on. What optimizer() builds with, and mixtrain::optim::factory too.
+std::unique_ptr<torch::optim::OptimizerOptions> optimizer_options(const OptimizerSettings& settings, double lr);
+
 /// The factory of an optimizer with these settings.
 OptimizerFactory optimizer(const OptimizerSettings& settings);
 

@@ -72,55 +72,34 @@ class RoundedSteps {
   std::vector<amp::LostUpdates> lost_;
 };
 
-class AdamW : public torch::optim::AdamW, public RoundedSteps {
+/// One of torch's five with the core's step: its options and state types, its save/load
+/// followed by the rounding's state.
+template <typename TorchOptimizer, typename Options>
+class Rounded : public TorchOptimizer, public RoundedSteps {
  public:
-  explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                 torch::optim::AdamWOptions defaults = {}, Rounding rounding = {});
-  explicit AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {}, Rounding rounding = {});
-  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
+  explicit Rounded(const std::vector<torch::optim::OptimizerParamGroup>& groups, Options defaults = {},
+                   Rounding rounding = {})
+      : TorchOptimizer(groups, std::move(defaults)), RoundedSteps(rounding) {}
+  explicit Rounded(std::vector<torch::Tensor> params, Options defaults = {}, Rounding rounding = {})
+      : TorchOptimizer(std::move(params), std::move(defaults)), RoundedSteps(rounding) {}
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    return rounded_step(*this, closure);
+  }
+  void save(torch::serialize::OutputArchive& archive) const override {
+    TorchOptimizer::save(archive);
+    save_rounding(*this, archive);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    TorchOptimizer::load(archive);
+    load_rounding(*this, archive);
+  }
 };
 
-class Adam : public torch::optim::Adam, public RoundedSteps {
- public:
-  explicit Adam(const std::vector<torch::optim::OptimizerParamGroup>& groups, torch::optim::AdamOptions defaults = {},
-                Rounding rounding = {});
-  explicit Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults = {}, Rounding rounding = {});
-  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-};
-
-class SGD : public torch::optim::SGD, public RoundedSteps {
- public:
-  explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, torch::optim::SGDOptions defaults,
-               Rounding rounding = {});
-  explicit SGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults, Rounding rounding = {});
-  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-};
-
-class RMSprop : public torch::optim::RMSprop, public RoundedSteps {
- public:
-  explicit RMSprop(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                   torch::optim::RMSpropOptions defaults = {}, Rounding rounding = {});
-  explicit RMSprop(std::vector<torch::Tensor> params, torch::optim::RMSpropOptions defaults = {}, Rounding rounding = {});
-  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-};
-
-class Adagrad : public torch::optim::Adagrad, public RoundedSteps {
- public:
-  explicit Adagrad(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                   torch::optim::AdagradOptions defaults = {}, Rounding rounding = {});
-  explicit Adagrad(std::vector<torch::Tensor> params, torch::optim::AdagradOptions defaults = {}, Rounding rounding = {});
-  torch::Tensor step(LossClosure closure = nullptr) override { return rounded_step(*this, closure); }
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-};
+using AdamW = Rounded<torch::optim::AdamW, torch::optim::AdamWOptions>;
+using Adam = Rounded<torch::optim::Adam, torch::optim::AdamOptions>;
+using SGD = Rounded<torch::optim::SGD, torch::optim::SGDOptions>;  // SGDOptions has no default: give the lr
+using RMSprop = Rounded<torch::optim::RMSprop, torch::optim::RMSpropOptions>;
+using Adagrad = Rounded<torch::optim::Adagrad, torch::optim::AdagradOptions>;
 
 /// mixtrain::optimizer(settings)'s factory with these classes in place of libtorch's: the
 /// same options, torch.optim's update (the run layer's Learners use it: the CLI, Python's
