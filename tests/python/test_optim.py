@@ -299,6 +299,8 @@ def test_the_new_users_case_doctor_then_the_line_then_fp32s_result():
     assert d2.verdict == "lost_updates", d2.report
     assert d2.loop_lines == ["opt.weight_update = 'stochastic'  # mixtrain's optimizer already: only its rounding "
                              "changes"], d2.report
+    exec(d2.loop_lines[0].split("#")[0], {}, {"opt": ours})  # the printed line, run as printed
+    assert ours.weight_update == "stochastic"
     assert d2.apply(bf16, ours) is ours and ours.weight_update == "stochastic"
     opt = applied
     # The loop goes on after the window the doctor read (the fp32 loop trains on those batches,
