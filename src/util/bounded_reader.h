@@ -78,6 +78,9 @@ class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
   size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
     if (pos >= size_) return 0;
     n = std::min<size_t>(n, size_ - static_cast<size_t>(pos));
+    // miniz reads an empty record into no buffer (null, 0 bytes): memcpy's arguments
+    // must not be null even then (UBSan; CI's tensor_file fuzzer found it).
+    if (n == 0 || buf == nullptr) return 0;
     std::memcpy(buf, data_ + pos, n);
     buffer_sizes_[buf] = n;
     return n;
