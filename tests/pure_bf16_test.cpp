@@ -4,10 +4,13 @@
 #include "cli_util.h"
 #include "test_util.h"
 
+#include <mixtrain/amp/pure_bf16.h>
 #include <mixtrain/mixtrain.h>
+#include <mixtrain/optim/optimizers.h>
 
 #include <cmath>
 #include <cstring>
+#include <set>
 
 namespace {
 
@@ -329,6 +332,110 @@ TEST_P(PureBf16PathTest, IslandsKeepFp32WeightsAndTheModeIsNamedEverywhere) {
                     "rounds 16-bit weights, which only");
 }
 
+/// What a fit holds at its last step, read from the tensors themselves.
+struct HeldBytes : Callback {
+  ParamMemory bytes;
+  std::set<c10::ScalarType> weight_dtypes, norm_dtypes, state_dtypes;
+  void after_step(Learner& learn) override {
+    bytes = ParamMemory();
+    weight_dtypes.clear();
+    norm_dtypes.clear();
+    state_dtypes.clear();
+    auto* rounded = dynamic_cast<optim::RoundedSteps*>(&learn.opt());
+    for (const auto& item : learn.model().module().named_parameters()) {
+      const torch::Tensor& w = item.value();
+      bytes.model += static_cast<int64_t>(w.nbytes());
+      (item.key().rfind("norm.", 0) == 0 ? norm_dtypes : weight_dtypes).insert(w.scalar_type());
+      if (w.grad().defined()) bytes.grads += static_cast<int64_t>(w.grad().nbytes());
+      auto* st = compat::optimizer_state_of(learn.opt(), w);
+      // Kept in a variable: a range-for over *state_tensors(...) would outlive the optional.
+      const auto state = st ? mixtrain::state_tensors(*st) : std::optional<std::vector<torch::Tensor*>>();
+      if (state)
+        for (torch::Tensor* t : *state) {
+          if (!t->defined()) continue;  // AdamW's max_exp_avg_sq without amsgrad
+          bytes.optimizer_state += static_cast<int64_t>(t->nbytes());
+          state_dtypes.insert(t->scalar_type());
+        }
+      if (rounded && rounded->compensation(w).defined()) bytes.compensation += static_cast<int64_t>(rounded->compensation(w).nbytes());
+    }
+    for (const auto& t : learn.precision_cb()->state_tensors()) bytes.compensation += static_cast<int64_t>(t.nbytes());
+  }
+};
+
+std::unique_ptr<Learner> norm_mlp_learner(NormMlp& net, OptimizerFactory opt_func) {
+  torch::manual_seed(0);
+  net = NormMlp();
+  auto dls = data::DataLoaders::from_split({test::blobs(256, 3, 8, 3), test::blobs(64, 3, 8, 4)}, 32, 11);
+  return std::make_unique<Learner>(Model(net), std::move(dls), cross_entropy(),
+                                   LearnerOptions().progress(false).opt_func(std::move(opt_func)));
+}
+
+// With mixtrain's optimizer on the real forward, bf16-pure holds bf16 tensors (norm
+// layers' parameters fp32, which CPU kernels need beside a bf16 input) and reports what
+// it holds, byte for byte. The emulated forward reads fp32 tensors as bf16: it keeps them.
+TEST_P(PureBf16PathTest, WithMixtrainsOptimizerTheWeightsAndStateAreBf16TensorsAndTheReportIsWhatIsHeld) {
+  NormMlp net(nullptr);
+  auto learn = norm_mlp_learner(net, optim::factory(OptimizerSettings()));
+  learn->set_precision(Precision::kBf16Pure, PrecisionOptions().weight_update(WeightUpdate::kKahan));
+  auto held = std::make_shared<HeldBytes>();
+  learn->add_cb(held);
+  learn->fit(1, 1e-3);
+  const auto* pure = dynamic_cast<const amp::PureBf16*>(learn->precision_cb().get());
+  ASSERT_NE(pure, nullptr);
+  EXPECT_EQ(pure->emulated(), !real());
+  EXPECT_EQ(pure->bf16_storage(), real());
+  const auto want = real() ? torch::kBFloat16 : torch::kFloat;
+  EXPECT_EQ(held->weight_dtypes, std::set<c10::ScalarType>{want});
+  EXPECT_EQ(held->norm_dtypes, std::set<c10::ScalarType>{torch::kFloat});
+  const int64_t n = 8 * 32 + 32 + 2 * 32 + 32 * 3 + 3, norm = 2 * 32;
+  const ParamMemory reported = *pure->param_memory();
+  if (real()) {
+    EXPECT_EQ(held->state_dtypes, (std::set<c10::ScalarType>{torch::kBFloat16, torch::kFloat}));
+    EXPECT_EQ(reported.model, 2 * (n - norm) + 4 * norm);
+    EXPECT_EQ(held->bytes.model, reported.model);
+    EXPECT_EQ(held->bytes.grads, reported.grads);
+    EXPECT_EQ(held->bytes.optimizer_state, reported.optimizer_state);
+    EXPECT_EQ(held->bytes.compensation, reported.compensation);
+  } else {
+    EXPECT_EQ(held->bytes.model, 4 * n);  // fp32 tensors of bf16 values; the report is bf16's layout
+    EXPECT_EQ(reported.model, 2 * n);
+  }
+  // Handed back as the caller gave it: fp32 tensors (of bf16 values).
+  for (const auto& w : net->parameters()) {
+    EXPECT_EQ(w.scalar_type(), torch::kFloat);
+    EXPECT_TRUE(torch::equal(w, w.to(torch::kBFloat16).to(torch::kFloat)));
+  }
+}
+
+// The two storages give the same numbers: bf16 tensors stepped by mixtrain's SGD, and fp32
+// tensors stepped by libtorch's SGD (the same ops) and rounded after the step, on the real
+// forward, where autocast casts every weight of this model.
+TEST_F(PureBf16Test, TheTwoStoragesTrainBitwiseTheSameWeights) {
+  ::setenv("MIXTRAIN_CPU_BF16", "1", 1);  // the real forward (TearDown unsets it)
+  for (const WeightUpdate rule : {WeightUpdate::kNearest, WeightUpdate::kKahan}) {
+    SCOPED_TRACE(amp::weight_update_name(rule));
+    NormMlp a(nullptr), b(nullptr);
+    auto bf16 = norm_mlp_learner(a, optim::factory(OptimizerSettings().kind(OptimizerKind::kSgd).mom(0).wd(0)));
+    auto fp32 = norm_mlp_learner(b, sgd(0.0, 0.0));
+    for (auto* learn : {bf16.get(), fp32.get()}) {
+      learn->set_precision(Precision::kBf16Pure, PrecisionOptions().weight_update(rule));
+      learn->fit(2, 0.05);
+    }
+    const auto* pa = dynamic_cast<const amp::PureBf16*>(bf16->precision_cb().get());
+    const auto* pb = dynamic_cast<const amp::PureBf16*>(fp32->precision_cb().get());
+    ASSERT_TRUE(pa && pb);
+    EXPECT_TRUE(pa->bf16_storage());
+    EXPECT_FALSE(pb->bf16_storage());
+    const auto wa = a->named_parameters(), wb = b->named_parameters();
+    for (const auto& kv : wa) EXPECT_TRUE(torch::equal(kv.value(), wb[kv.key()])) << kv.key();
+    const auto la = pa->lost_updates(), lb = pb->lost_updates();
+    ASSERT_TRUE(la && lb);
+    EXPECT_EQ(la->intended, lb->intended);
+    EXPECT_EQ(la->lost, lb->lost);
+    EXPECT_GT(la->lost, 0);
+  }
+}
+
 /// A Linear and a gain multiplied in by hand (an op outside autocast's lists): what the
 /// emulated forward made of its output and its gain, seen from inside the training forward.
 struct GainedLinearImpl : torch::nn::Module {
@@ -544,6 +651,27 @@ TEST(PureBf16CliTest, WeightUpdateOutsideBf16PureIsOneLineAndTheRunRecordsItsMem
   EXPECT_EQ(summary["bytes_per_param"]["compensation"], 2);
   EXPECT_TRUE(summary["lost_updates"]["fraction"].is_number());
   EXPECT_EQ(test::read_json(out + "/args.json")["weight_update"], "kahan");
+}
+
+// A checkpoint of fp32 storage (the emulated forward's, and every bf16-pure checkpoint
+// written before bf16 storage) resumes on bf16 storage, and one of bf16 storage on fp32.
+TEST(PureBf16CliTest, ACheckpointOfEitherStorageResumesOnTheOther) {
+  const std::string dir = test::fake_fashion_dir("cli_pure_storage", 128, 32);
+  for (const auto& [first, then] : {std::pair<std::string, std::string>{"0", "1"}, {"1", "0"}}) {
+    SCOPED_TRACE("MIXTRAIN_CPU_BF16=" + first + ", then " + then);
+    const std::string out = test::scratch_dir("cli_pure_storage_out");
+    const test::CliResult cut = test::run_cli("train --data " + dir + " --out " + out +
+                                                  " --bs 16 --epochs 2 --threads 1 --save-every 1 --precision bf16-pure"
+                                                  " --weight-update kahan --interrupt-at-step 5",
+                                              "MIXTRAIN_CPU_BF16=" + first + " ");
+    EXPECT_EQ(cut.code, 130) << cut.err;
+    const test::CliResult resumed = test::run_cli("train --resume " + out, "MIXTRAIN_CPU_BF16=" + then + " ");
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    const auto summary = test::read_json(out + "/summary.json");
+    EXPECT_TRUE(summary["lost_updates"]["fraction"].is_number());
+    const std::string steps = test::slurp(out + "/steps.csv");
+    EXPECT_EQ(std::count(steps.begin(), steps.end(), '\n'), 1 + 16);
+  }
 }
 
 } // namespace

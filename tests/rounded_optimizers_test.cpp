@@ -183,7 +183,8 @@ TEST_F(RoundedOptimizersTest, SaveAndLoadGoOnBitwiseWithTheKahanCompensation) {
     c.step();
   }
   EXPECT_TRUE(torch::equal(straight, resumed));
-  // Loaded by an optimizer that rounds otherwise: refused, in one line that names both.
+  // Loaded by an optimizer that rounds otherwise: it would drop the Kahan compensations, so
+  // it is refused, in one line that names both.
   bytes.clear();
   bytes.seekg(0);
   torch::Tensor other = w0.clone().requires_grad_();
@@ -191,6 +192,35 @@ TEST_F(RoundedOptimizersTest, SaveAndLoadGoOnBitwiseWithTheKahanCompensation) {
   torch::serialize::InputArchive in;
   in.load_from(bytes);
   expect_one_line_error([&] { d.load(in); }, "saved with weight_update=kahan, this optimizer rounds by stochastic");
+  // A rule without state (nearest) goes on under the loading optimizer's own (a branch that
+  // changes it), with the step count.
+  optim::RMSprop e({first.detach().clone().requires_grad_()}, opts, optim::Rounding().weight_update(WeightUpdate::kNearest));
+  std::stringstream nearest_bytes;
+  {
+    torch::serialize::OutputArchive out;
+    e.save(out);
+    out.save_to(nearest_bytes);
+  }
+  optim::RMSprop f({w0.clone().requires_grad_()}, opts, optim::Rounding().weight_update(WeightUpdate::kStochastic));
+  {
+    torch::serialize::InputArchive from_nearest;
+    from_nearest.load_from(nearest_bytes);
+    f.load(from_nearest);
+  }
+  EXPECT_EQ(f.rounding().weight_update(), WeightUpdate::kStochastic);
+  // A rule code that names no rule (a damaged archive) is one line, not an internal assert.
+  std::stringstream damaged;
+  {
+    torch::serialize::OutputArchive out;
+    e.torch::optim::RMSprop::save(out);  // torch's part as it is, then the rounding's, damaged
+    out.write("mixtrain_rounding/steps", torch::tensor(int64_t{3}));
+    out.write("mixtrain_rounding/weight_update", torch::tensor(int64_t{7}));
+    out.save_to(damaged);
+  }
+  torch::serialize::InputArchive bad;
+  bad.load_from(damaged);
+  optim::RMSprop g({w0.clone().requires_grad_()}, opts, rounding);
+  expect_one_line_error([&] { g.load(bad); }, "the archive's weight_update is none of nearest, stochastic and kahan");
 }
 
 TEST_F(RoundedOptimizersTest, BadInputIsOneLine) {

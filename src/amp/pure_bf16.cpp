@@ -6,6 +6,7 @@
 #include "mixtrain/compat.h"
 #include "mixtrain/core/learner.h"
 #include "mixtrain/core/optimizers.h"
+#include "mixtrain/optim/optimizers.h"
 #include "mixtrain/util/option_error.h"
 
 #include "dispatch_mode.h"
@@ -41,6 +42,7 @@ void PureBf16::prepare(Learner& learn) {
   const IslandParams in_island = islands.empty() ? IslandParams() : island_params(islands, module);
   torch::NoGradGuard no_grad;
   std::vector<Param> params;
+  frozen_.clear();
   int64_t weight_bytes = 0, grad_bytes = 0, state_bytes = 0, compensation_bytes = 0;
   state_tensors_ = *states;
   std::unordered_set<const void*> normed;  // the parameters of norm layers
@@ -63,6 +65,7 @@ void PureBf16::prepare(Learner& learn) {
     state_bytes += 2 * *states * n;
     if (!w.requires_grad()) {  // frozen: nothing updates it, but it is stored in bf16
       round_to_bf16_(w);
+      frozen_.push_back(w);
       continue;
     }
     Param p;
@@ -103,8 +106,11 @@ void PureBf16::before_fit(Learner& learn) {
     // rounded): the emulated forward takes them as bf16 tensors (before_batch), and a
     // step's lost updates are counted from them.
     torch::NoGradGuard no_grad;
-    for (auto& p : params_) round_to_bf16_(p.weight);
+    for (auto& p : params_)
+      if (p.weight.scalar_type() == torch::kFloat) round_to_bf16_(p.weight);
   }
+  fit_on_bf16_ = false;
+  store_in_bf16(learn);
   // A resumed fit goes on counting where its checkpoint left off (its epochs so far,
   // and the one it was interrupted in); any other fit counts from nothing.
   if (!resumed_) {
@@ -113,6 +119,110 @@ void PureBf16::before_fit(Learner& learn) {
   }
   resumed_ = false;
   step_pending_ = false;
+}
+
+namespace {
+/// `t` becomes a `dtype` tensor holding the same values, in place (the optimizer and the
+/// model keep the same tensor object), its gradient too.
+void restore_as(torch::Tensor& t, c10::ScalarType dtype) {
+  if (t.scalar_type() == dtype) return;
+  if (t.grad().defined()) t.mutable_grad() = t.grad().to(dtype);
+  t.set_data(t.detach().to(dtype));
+}
+
+/// The optimizer's state tensors of `p` (its moments), in place as `dtype` tensors.
+void restore_state_as(torch::optim::Optimizer& opt, const torch::Tensor& p, c10::ScalarType dtype) {
+  auto* st = compat::optimizer_state_of(opt, p);
+  if (!st) return;
+  if (const auto tensors = mixtrain::state_tensors(*st))
+    for (torch::Tensor* t : *tensors)
+      if (t->defined() && t->is_floating_point() && t->scalar_type() != dtype) *t = t->to(dtype);
+}
+} // namespace
+
+void PureBf16::store_in_bf16(Learner& learn) {
+  auto* rounded = dynamic_cast<optim::RoundedSteps*>(&learn.opt());
+  // The emulated forward reads fp32 tensors as bf16; libtorch's own optimizers would
+  // round at every op: both keep fp32 storage, rounded by after_step.
+  if (!rounded || emulated()) return;
+  fit_on_bf16_ = true;
+  if (rounded->rounding().weight_update() != rule_ || rounded->rounding().seed() != seed_)
+    rounded->set_rounding(optim::Rounding().weight_update(rule_).seed(seed_));
+  std::unordered_map<const void*, int64_t> index;
+  for (const auto& group : learn.opt().param_groups())
+    for (const auto& t : group.params()) index.emplace(t.unsafeGetTensorImpl(), static_cast<int64_t>(index.size()));
+  torch::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    const auto it = index.find(p.weight.unsafeGetTensorImpl());
+    p.opt_index = it == index.end() ? -1 : it->second;
+    // A norm layer's kernels take a bf16 input only with fp32 parameters: those stay fp32
+    // tensors of bf16 values, rounded by after_step.
+    p.bf16 = p.opt_index >= 0 && !p.in_norm_layer;
+    if (!p.bf16) continue;
+    restore_as(p.weight, torch::kBFloat16);
+    restore_state_as(learn.opt(), p.weight, torch::kBFloat16);
+    if (rule_ == WeightUpdate::kKahan) {
+      // The optimizer's own (loaded with its state, or kept from the last fit) if it has
+      // one, else this callback's (a checkpoint of fp32 storage); in bf16 either way.
+      const torch::Tensor held = rounded->compensation(p.weight);
+      const torch::Tensor c = held.defined() ? held : p.compensation;
+      if (c.defined()) rounded->set_compensation(p.weight, c);
+    }
+    p.compensation = torch::Tensor();  // the optimizer holds it now
+    p.before = torch::Tensor();
+  }
+  for (auto& w : frozen_) restore_as(w, torch::kBFloat16);
+  bf16_storage_ = true;
+  // What this fit holds, each tensor at its storage's width: bf16 where it is, fp32 for
+  // the islands and the norm layers (and their Kahan compensations).
+  ParamMemory m;
+  for (const auto& w : learn.model().module().parameters(/*recurse=*/true)) {
+    const int64_t bytes = w.numel() * static_cast<int64_t>(w.element_size());
+    m.model += bytes;
+    if (!w.requires_grad()) continue;
+    m.grads += bytes;
+    m.optimizer_state += state_tensors_ * bytes;
+  }
+  if (rule_ == WeightUpdate::kKahan)
+    for (const auto& p : params_) m.compensation += p.weight.numel() * (p.bf16 ? 2 : 4);
+  memory_ = m;
+}
+
+void PureBf16::store_in_fp32(Learner& learn) {
+  if (!bf16_storage_) return;
+  bf16_storage_ = false;
+  auto* rounded = dynamic_cast<optim::RoundedSteps*>(&learn.opt());
+  torch::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    if (!p.bf16) continue;
+    p.bf16 = false;
+    restore_as(p.weight, torch::kFloat);
+    if (rounded && rule_ == WeightUpdate::kKahan) {
+      const torch::Tensor c = rounded->compensation(p.weight);
+      p.compensation = c.defined() ? c.to(torch::kFloat) : torch::zeros_like(p.weight);
+    }
+    p.before = torch::empty_like(p.weight);
+  }
+  for (auto& w : frozen_) restore_as(w, torch::kFloat);
+}
+
+void PureBf16::after_fit(Learner& learn) {
+  MixedPrecision::after_fit(learn);
+  store_in_fp32(learn);
+}
+
+void PureBf16::on_error(Learner& learn) {
+  MixedPrecision::on_error(learn);
+  store_in_fp32(learn);
+}
+
+bool PureBf16::retry_forward_emulated(Learner& learn, const std::function<void()>& forward, const std::string& failure) {
+  // The emulation reads fp32 tensors as bf16: it takes this fit's weights back to them.
+  const bool was_bf16 = bf16_storage_;
+  store_in_fp32(learn);
+  if (MixedPrecision::retry_forward_emulated(learn, forward, failure)) return true;
+  if (was_bf16) store_in_bf16(learn);
+  return false;
 }
 
 void PureBf16::before_batch(Learner& learn) {
@@ -130,6 +240,7 @@ void PureBf16::before_step(Learner& learn) {
   MixedPrecision::before_step(learn);
   torch::NoGradGuard no_grad;
   for (auto& p : params_) {
+    if (p.bf16) continue;  // a bf16 tensor with a bf16 gradient: the optimizer rounds it
     // Gradients are bf16 too; the step reads them as the bf16 values they are.
     if (p.weight.grad().defined() && p.weight.grad().scalar_type() == torch::kFloat) {
       torch::Tensor g = p.weight.mutable_grad();
@@ -150,13 +261,26 @@ void PureBf16::after_step(Learner& learn) {
   if (!step_pending_) return;
   step_pending_ = false;
   torch::NoGradGuard no_grad;
-  const int64_t step = learn.train_iter();
+  auto* rounded = bf16_storage_ ? dynamic_cast<optim::RoundedSteps*>(&learn.opt()) : nullptr;
+  // On bf16 storage the optimizer rounded and counted (its step count and parameter index
+  // make the stochastic stream); the fp32 tensors left (norm layers) are rounded here from
+  // the same stream, as if they were bf16.
+  const std::vector<LostUpdates> counted = rounded ? rounded->take_lost_updates_per_param() : std::vector<LostUpdates>();
+  const int64_t step = rounded ? rounded->steps_taken() : learn.train_iter();
   LostUpdates this_step;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     if (!p.weight.grad().defined()) continue;  // the optimizer left it alone
+    if (p.bf16) {
+      const auto at = static_cast<size_t>(p.opt_index);
+      const LostUpdates s = at < counted.size() ? counted[at] : LostUpdates();
+      p.total += s;
+      this_step += s;
+      continue;
+    }
+    const uint64_t stream = rounded ? stochastic_stream(step, static_cast<size_t>(p.opt_index)) : stochastic_stream(step, i);
     const LostUpdates s = round_update(p.weight, p.before, rule_, p.compensation.defined() ? &p.compensation : nullptr,
-                                       seed_, stochastic_stream(step, i));
+                                       seed_, stream);
     p.total += s;
     this_step += s;
     if (auto* st = compat::optimizer_state_of(learn.opt(), p.weight)) {
@@ -304,7 +428,8 @@ void PureBf16::load_state(torch::serialize::InputArchive& ar) {
   for (int64_t i = 0; i < n; ++i) {
     Param& p = params[static_cast<size_t>(i)];
     const std::string k = "param." + std::to_string(i) + ".";
-    if (rule_ == WeightUpdate::kKahan) ar.read(k + "compensation", p.compensation);
+    // On bf16 storage the optimizer's archive holds it instead.
+    if (rule_ == WeightUpdate::kKahan) ar.try_read(k + "compensation", p.compensation);
     const auto t = mixtrain::detail::read_f64s(ar, k + "total");
     TORCH_CHECK(t.size() == 5, "bf16-pure: the checkpoint's counts are damaged");
     p.total = counts_from(t, 0);

@@ -332,8 +332,12 @@ void Learner::load_from_memory(const char* data, size_t size, const std::string&
       TORCH_CHECK(ar.try_read(key, t), "the model does not match: no saved tensor for '", name, "'");
       TORCH_CHECK(t.sizes() == dest.sizes(), "the model does not match: '", name, "' has shape ", t.sizes(),
                   " in the checkpoint but ", dest.sizes(), " in this model");
-      TORCH_CHECK(t.scalar_type() == dest.scalar_type(), "the model does not match: '", name, "' is ",
-                  t.scalar_type(), " in the checkpoint but ", dest.scalar_type(), " in this model");
+      // bf16-pure holds its weights in bf16 tensors while it fits and in fp32 tensors (of
+      // bf16 values) between fits, so a checkpoint of either loads into the other.
+      const bool bf16_pure_storage = (t.scalar_type() == torch::kBFloat16 && dest.scalar_type() == torch::kFloat) ||
+                                     (t.scalar_type() == torch::kFloat && dest.scalar_type() == torch::kBFloat16);
+      TORCH_CHECK(t.scalar_type() == dest.scalar_type() || bf16_pure_storage, "the model does not match: '", name,
+                  "' is ", t.scalar_type(), " in the checkpoint but ", dest.scalar_type(), " in this model");
       model_copies.emplace_back(dest, t);
     };
     for (const auto& kv : params) check("model.param." + kv.key(), kv.key(), kv.value());

@@ -142,6 +142,23 @@ amp::LostUpdates RoundedSteps::lost_updates() {
   return total;
 }
 
+std::vector<amp::LostUpdates> RoundedSteps::take_lost_updates_per_param() {
+  std::vector<amp::LostUpdates> out(lost_.size());
+  out.swap(lost_);
+  return out;
+}
+
+Tensor RoundedSteps::compensation(const Tensor& param) const {
+  const auto it = compensation_.find(param.unsafeGetTensorImpl());
+  return it == compensation_.end() ? Tensor() : it->second;
+}
+
+void RoundedSteps::set_compensation(const Tensor& param, Tensor compensation) {
+  TORCH_CHECK(!compensation.defined() || compensation.sizes() == param.sizes(), "mixtrain::optim: a compensation of shape ",
+              compensation.sizes(), " for a parameter of shape ", param.sizes());
+  compensation_[param.unsafeGetTensorImpl()] = compensation.defined() ? compensation.to(param.options()) : compensation;
+}
+
 Tensor RoundedSteps::rounded_step(to::Optimizer& self, const to::Optimizer::LossClosure& closure) {
   Tensor loss;
   if (closure) {
@@ -190,9 +207,17 @@ void RoundedSteps::load_rounding(const to::Optimizer& self, torch::serialize::In
   // An archive torch's own optimizer saved has neither: it starts the rounding afresh.
   if (!archive.try_read(kStepsKey, steps)) return;
   TORCH_CHECK(archive.try_read(kRuleKey, rule), "mixtrain::optim: the archive has a step count but no weight_update");
-  const auto saved = static_cast<amp::WeightUpdate>(rule.item<int64_t>());
-  TORCH_CHECK(saved == rounding_.weight_update(), "mixtrain::optim: the archive was saved with weight_update=",
-              amp::weight_update_name(saved), ", this optimizer rounds by ", amp::weight_update_name(rounding_.weight_update()));
+  const int64_t code = rule.numel() == 1 ? rule.item<int64_t>() : -1;
+  TORCH_CHECK(code == static_cast<int64_t>(amp::WeightUpdate::kNearest) ||
+                  code == static_cast<int64_t>(amp::WeightUpdate::kStochastic) ||
+                  code == static_cast<int64_t>(amp::WeightUpdate::kKahan),
+              "mixtrain::optim: the archive's weight_update is none of nearest, stochastic and kahan (damaged)");
+  const auto saved = static_cast<amp::WeightUpdate>(code);
+  // The rule is how this optimizer rounds from now on (a branch may change it); only
+  // Kahan's compensations are state, which another rule would drop.
+  TORCH_CHECK(saved != amp::WeightUpdate::kKahan || rounding_.weight_update() == amp::WeightUpdate::kKahan,
+              "mixtrain::optim: the archive was saved with weight_update=kahan, this optimizer rounds by ",
+              amp::weight_update_name(rounding_.weight_update()), " and would drop its Kahan compensations");
   steps_ = steps.item<int64_t>();
   compensation_.clear();
   size_t index = 0;

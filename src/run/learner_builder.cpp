@@ -226,7 +226,11 @@ std::unique_ptr<Learner> build_learner(const RunArgs& a, const data::DatasetSpli
   check_model_fits_data(model, loss, split.valid, "the validation data");
   auto options = LearnerOptions().metrics(metrics_for(r, split, probe)).progress(progress).wd_bn_bias(r.wd_bn_bias);
   options.opt_func(a.loop ? loop_optimizer(*a.loop, model)  // the training loop's own optimizer
-                          : optim::factory(r.opt));  // torch.optim's update, through mixtrain's core
+                          // torch.optim's update, through mixtrain's core; bf16-pure's rule from the
+                          // start, so that its checkpoints load into the optimizer they were saved by
+                          : optim::factory(r.opt, optim::Rounding()
+                                                      .weight_update(r.precision_options.weight_update())
+                                                      .seed(r.seed)));
   // A split point that names no layer is an OptionError("split_at") from the constructor (the splitter runs there).
   if (!r.split_at.empty()) options.splitter(split_at(split_names(r.split_at)));
   auto learn = std::make_unique<Learner>(std::move(model), data::DataLoaders::from_split(split, r.bs, r.seed),

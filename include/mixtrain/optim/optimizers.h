@@ -56,6 +56,16 @@ class RoundedSteps {
   const std::vector<amp::LostUpdates>& lost_updates_per_param() const { return lost_; }
   /// step() calls so far: with the parameter's index, the stochastic stream.
   int64_t steps_taken() const { return steps_; }
+  /// The counts per parameter (parameters() order) since the last call, restarting them:
+  /// bf16-pure's Learner reads each step's here.
+  std::vector<amp::LostUpdates> take_lost_updates_per_param();
+
+  /// Changes the rule: bf16-pure gives the Learner's optimizer its own.
+  void set_rounding(Rounding rounding) { rounding_ = rounding; }
+  /// `param`'s Kahan compensation (undefined while it has none), and setting it (a
+  /// checkpoint that kept it elsewhere).
+  torch::Tensor compensation(const torch::Tensor& param) const;
+  void set_compensation(const torch::Tensor& param, torch::Tensor compensation);
 
  protected:
   explicit RoundedSteps(Rounding rounding) : rounding_(rounding) {}
