@@ -18,6 +18,7 @@
 #include <iostream>
 #include <mutex>
 #include <unordered_map>
+#include <optional>
 #include <sstream>
 
 namespace mixtrain {
@@ -337,16 +338,24 @@ bool is_scripted(const Model& model) { return dynamic_cast<const ScriptedModel*>
 void save_scripted_model(const Model& model, const std::string& path) {
   const auto* scripted = dynamic_cast<const ScriptedModel*>(model.ptr().get());
   TORCH_CHECK(scripted, "save_scripted_model: the model was not loaded from TorchScript");
-  torch::jit::Module copy = scripted->script().clone();
-  // fp32 whatever trained it (master weights keep the model in half); the device stays.
-  for (const auto& p : copy.named_parameters())
-    if (p.value.is_floating_point() && p.value.scalar_type() != torch::kFloat) p.value.set_data(p.value.to(torch::kFloat));
-  for (const auto& b : copy.named_buffers())
-    if (b.value.is_floating_point() && b.value.scalar_type() != torch::kFloat) b.value.set_data(b.value.to(torch::kFloat));
-  copy.to(torch::kCPU);
-  std::ostringstream bytes;
-  copy.save(bytes);
-  write_file_atomically(path, bytes.str());
+  // fp32 on the CPU whatever trained it (master weights keep the model in half). A model
+  // that is so already is written as it is: a copy would hold the weights twice.
+  const torch::jit::Module& trained = scripted->script();
+  const auto stored = [](const at::Tensor& t) { return t.is_cpu() && (!t.is_floating_point() || t.scalar_type() == torch::kFloat); };
+  bool as_it_is = true;
+  for (const auto& p : trained.named_parameters()) as_it_is = as_it_is && stored(p.value);
+  for (const auto& b : trained.named_buffers()) as_it_is = as_it_is && stored(b.value);
+  std::optional<torch::jit::Module> copy;
+  if (!as_it_is) {
+    copy = trained.clone();
+    for (const auto& p : copy->named_parameters())
+      if (p.value.is_floating_point() && p.value.scalar_type() != torch::kFloat) p.value.set_data(p.value.to(torch::kFloat));
+    for (const auto& b : copy->named_buffers())
+      if (b.value.is_floating_point() && b.value.scalar_type() != torch::kFloat) b.value.set_data(b.value.to(torch::kFloat));
+    copy->to(torch::kCPU);
+  }
+  // Streamed into the file: no copy of its bytes in memory either.
+  write_file_atomically(path, [&](std::ostream& out) { (copy ? *copy : trained).save(out); });
 }
 
 } // namespace mixtrain

@@ -34,9 +34,7 @@ void save_model(const Model& model, const std::string& path, const std::string& 
   archive.write(kBuiltinKey, c10::IValue(builtin_name));
   for (const auto& p : model.module().named_parameters()) archive.write(p.key(), stored(p.value()));
   for (const auto& b : model.module().named_buffers()) archive.write(b.key(), stored(b.value()), /*is_buffer=*/true);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  write_file_atomically(path, bytes.str());
+  write_file_atomically(path, [&](std::ostream& out) { archive.save_to(out); });
 }
 
 Model load_model(const std::string& path, const std::string& output) {

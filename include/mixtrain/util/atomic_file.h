@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <functional>
+#include <ostream>
 #include <string>
 
 namespace mixtrain {
@@ -23,5 +25,11 @@ class FileWriteError : public c10::Error {
 /// new complete content: a temporary file in the same directory, fsync, rename,
 /// fsync of the directory. Throws FileWriteError naming the path on failure.
 void write_file_atomically(const std::string& path, const std::string& bytes);
+
+/// The same for a file that `write` streams into `out` (through a 64 KiB buffer), so a
+/// model or archive of gigabytes is never held whole in memory. A write that fails, or
+/// an exception from `write`, is a FileWriteError (the exception's first line when the
+/// disk said nothing); `path` keeps its old content.
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream& out)>& write);
 
 } // namespace mixtrain
