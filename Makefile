@@ -71,7 +71,7 @@ sanitize: sanitize-configure
 	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(CTEST_JOBS) -E InstalledPackageExample
 
 fuzz: sanitize-configure
-	cmake --build $(SAN_BUILD) -j $(JOBS) --target idx_fuzz checkpoint_fuzz tensor_file_fuzz scripted_model_fuzz
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target idx_fuzz checkpoint_fuzz pure_bf16_checkpoint_fuzz tensor_file_fuzz scripted_model_fuzz
 	bash scripts/fuzz.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
 # The CUDA compile check: library, CLI, tests and gpu_bench built against torch 2.14.1+cu130

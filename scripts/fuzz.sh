@@ -21,7 +21,7 @@ fuzz_one() {
   local corpus="$build/fuzz-corpus/$target"
   mkdir -p "$corpus"
   if [ -d "$root/fuzz/seeds/$target" ]; then cp -n "$root/fuzz/seeds/$target"/* "$corpus"/; fi
-  if [ "$target" = checkpoint ] || [ "$target" = scripted_model ]; then
+  if [ "$target" = checkpoint ] || [ "$target" = pure_bf16_checkpoint ] || [ "$target" = scripted_model ]; then
     # checkpoint: the seed must come from this build's Learner; scripted_model: its
     # structured inputs (a seed model's record each) come from the seed models.
     "$bin" -write_seed="$corpus" 2>/dev/null
@@ -53,7 +53,7 @@ finish() {  # waits for the oldest running target and prints its lines
   cat "$build/fuzz-$target.out"
   running=("${running[@]:1}")
 }
-for target in idx checkpoint tensor_file scripted_model; do
+for target in idx checkpoint pure_bf16_checkpoint tensor_file scripted_model; do
   [ "${#running[@]}" -lt "$jobs" ] || finish
   fuzz_one "$target" > "$build/fuzz-$target.out" 2>&1 &
   running+=("$target:$!")
