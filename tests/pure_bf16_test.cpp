@@ -17,10 +17,10 @@ namespace {
 using namespace mixtrain;
 using amp::WeightUpdate;
 
-// The models here have a LayerNorm after a Linear: libtorch 1.13's real CPU bf16
-// autocast cannot run that (layer_norm refuses a bf16 input with fp32 weights, in
-// Python's torch.autocast too), so these tests compute the forward with the
-// emulation on every CPU, as a CPU without bf16 units does.
+// These tests compute the forward with the emulation on every CPU, as a CPU without
+// bf16 units does, so their numbers do not depend on the CPU (written when libtorch
+// 1.13's real CPU path could not run their LayerNorm; torch 2.13's can, and the
+// PureBf16PathTest cases run both paths).
 class PureBf16Test : public test::SeededTest {
  protected:
   void SetUp() override {
@@ -33,10 +33,9 @@ class PureBf16Test : public test::SeededTest {
 };
 
 /// The same tests on both forward paths: the emulation, and libtorch's real CPU bf16
-/// autocast (forced on any CPU: the same path, only slower without bf16 units). On the
-/// real path libtorch 1.13 cannot run a LayerNorm fed bf16 with fp32 weights: a model
-/// without an island falls back to the emulation at its first forward (one notice);
-/// an island on the norm keeps it on the real path. These are the doctor's own trials.
+/// autocast (forced on any CPU: the same path, only slower without bf16 units). torch
+/// 2.13's real path runs a LayerNorm fed bf16 with fp32 weights (libtorch 1.13's fell
+/// back to the emulation at the first forward). These are the doctor's own trials.
 class PureBf16PathTest : public test::SeededTest, public ::testing::WithParamInterface<bool> {
  protected:
   bool real() const { return GetParam(); }
