@@ -5,12 +5,14 @@
 #include "layer_norm_mlp.h"
 
 #include <mixtrain/mixtrain.h>
+#include <mixtrain/optim/optimizers.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -26,14 +28,17 @@ struct Arm {
   double best_ms = 1e300;
 };
 
+/// `core`: mixtrain::optim's AdamW (the run layer's; bf16-pure then stores bf16 tensors on a
+/// real forward) instead of libtorch's.
 Arm make_arm(const torch::Tensor& x, const torch::Tensor& y, mixtrain::Precision precision,
-             mixtrain::amp::WeightUpdate rule) {
+             mixtrain::amp::WeightUpdate rule, bool core = false) {
   torch::manual_seed(0);
   LayerNormMlp net(512, 512, 4, 10);
   auto dls = mixtrain::data::DataLoaders::from_split({{x, y}, {x.slice(0, 0, 256), y.slice(0, 0, 256)}}, 256, 0);
   Arm arm;
-  arm.learn = std::make_unique<mixtrain::Learner>(mixtrain::Model(net), dls, mixtrain::cross_entropy(),
-                                                  mixtrain::LearnerOptions().progress(false));
+  auto options = mixtrain::LearnerOptions().progress(false);
+  if (core) options.opt_func(mixtrain::optim::factory(mixtrain::OptimizerSettings(), mixtrain::optim::Rounding().weight_update(rule)));
+  arm.learn = std::make_unique<mixtrain::Learner>(mixtrain::Model(net), dls, mixtrain::cross_entropy(), options);
   arm.learn->set_precision(precision, mixtrain::PrecisionOptions().weight_update(rule).rounding_seed(1));
   arm.learn->fit(1, 1e-4);  // warm: the first fit allocates the optimizer's state
   return arm;
@@ -48,9 +53,35 @@ void time_fit(Arm& arm) {
 
 } // namespace
 
-int main() {
-  // libtorch 1.13's real CPU bf16 autocast cannot run a LayerNorm after a Linear (layer_norm refuses
-  // a bf16 input with fp32 weights, as Python's torch.autocast does): every bf16 arm is emulated.
+/// `pure_bf16_bench storage`: on the real bf16 forward, bf16-pure's two storages against
+/// each other and against fp32, each stepped the way it is in use: fp32 tensors of bf16
+/// values with libtorch's AdamW and the rounding pass after it (a C++ Learner's default),
+/// bf16 tensors with mixtrain::optim's AdamW (the run layer's), fp32 with the latter.
+int storage_main() {
+  ::setenv("MIXTRAIN_CPU_BF16", "1", 1);
+  mixtrain::configure_threads(0);
+  using mixtrain::Precision;
+  using mixtrain::amp::WeightUpdate;
+  auto x = torch::randn({4096, 512}), y = torch::randint(10, {4096});
+  std::vector<Arm> arms;
+  arms.push_back(make_arm(x, y, Precision::kFp32, WeightUpdate::kNearest, /*core=*/true));
+  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kNearest, /*core=*/false));
+  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kNearest, /*core=*/true));
+  for (int round = 0; round < 9; ++round)
+    for (auto& arm : arms) time_fit(arm);
+  const double fp32 = arms[0].best_ms, fp32_storage = arms[1].best_ms, bf16_storage = arms[2].best_ms;
+  std::printf("real bf16 forward, step (4x Linear(512)+LayerNorm, bs 256): fp32 %.2f ms, bf16-pure on fp32 tensors %.2f ms, "
+              "on bf16 tensors %.2f ms\n",
+              fp32, fp32_storage, bf16_storage);
+  std::printf("bf16-pure on bf16 tensors / on fp32 tensors: %.2fx (goal <= 1.0); / fp32: %.2fx\n", bf16_storage / fp32_storage,
+              bf16_storage / fp32);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "storage") == 0) return storage_main();
+  // Every bf16 arm here is emulated, as on a CPU without bf16 units (written when libtorch 1.13's
+  // real CPU path could not run a LayerNorm after a Linear; `storage` runs the real path).
   ::setenv("MIXTRAIN_CPU_BF16", "0", 1);
   mixtrain::configure_threads(0);
   using mixtrain::Precision;
