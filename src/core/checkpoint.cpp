@@ -57,11 +57,17 @@ uint32_t crc32_of(const char* data, size_t size) {
   return static_cast<uint32_t>(crc);
 }
 
-std::string with_header(const std::string& archive) {
+/// The 24-byte header of an archive of `size` bytes whose CRC-32 is `crc`.
+std::string header_of(uint32_t crc, uint64_t size) {
   std::string out(kMagic, sizeof(kMagic));
   put_le(out, kContainerVersion, 4);
-  put_le(out, crc32_of(archive.data(), archive.size()), 4);
-  put_le(out, archive.size(), 8);
+  put_le(out, crc, 4);
+  put_le(out, size, 8);
+  return out;
+}
+
+std::string with_header(const std::string& archive) {
+  std::string out = header_of(crc32_of(archive.data(), archive.size()), archive.size());
   out.reserve(kHeaderSize + archive.size());
   out += archive;
   return out;
@@ -158,7 +164,6 @@ void restore_snapshot(Learner& learn, const Snapshot& s) {
 } // namespace
 
 void Learner::save(const std::string& path) {
-  const std::string bytes = save_to_memory();
   // A folder that does not exist yet is made, as the CSV logger does.
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) {
@@ -166,11 +171,40 @@ void Learner::save(const std::string& path) {
     std::filesystem::create_directories(parent, ec);
     TORCH_CHECK(!ec, "Cannot write ", path, ": cannot create its folder ", parent.string(), " (", ec.message(), ")");
   }
-  write_file_atomically(path, bytes);
+  // Streamed into the file: the archive (the model and the optimizer's state, gigabytes for a
+  // large model) is never also held as bytes in memory. The header, which sums it up, is
+  // written over its placeholder last.
+  torch::serialize::OutputArchive ar;
+  write_checkpoint_archive(ar);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t size = 0;
+  write_file_atomically(
+      path,
+      [&](std::ostream& out) {
+        out.write(std::string(kHeaderSize, '\0').data(), kHeaderSize);
+        ar.save_to([&](const void* data, size_t n) -> size_t {
+          for (size_t done = 0; done < n;) {  // zlib takes uInt lengths
+            const uInt part = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
+            crc = crc32(crc, static_cast<const Bytef*>(data) + done, part);
+            done += part;
+          }
+          size += n;
+          out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+          return out ? n : 0;
+        });
+      },
+      [&] { return header_of(static_cast<uint32_t>(crc), size); });
 }
 
 std::string Learner::save_to_memory() {
   torch::serialize::OutputArchive ar;
+  write_checkpoint_archive(ar);
+  std::ostringstream bytes;
+  ar.save_to(bytes);
+  return with_header(bytes.str());
+}
+
+void Learner::write_checkpoint_archive(torch::serialize::OutputArchive& ar) {
   detail::write_i64(ar, "mixtrain.format", kFormatVersion);
   ar.write("mixtrain.precision", c10::IValue(precision_tag(*this)));
   ar.write("mixtrain.callbacks", c10::IValue(joined_state_keys(cbs_)));
@@ -204,10 +238,6 @@ std::string Learner::save_to_memory() {
   const bool mid_epoch = now.batch > 0 && now.loader_state.defined();
   ar.write("learner.loader_rng", mid_epoch ? now.loader_state : dls_.train.generator().get_state());
   ar.write("learner.global_rng", at::detail::getDefaultCPUGenerator().get_state());
-
-  std::ostringstream bytes;
-  ar.save_to(bytes);
-  return with_header(bytes.str());
 }
 
 namespace {

@@ -127,6 +127,11 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 }
 
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream& out)>& write) {
+  write_file_atomically(path, write, [] { return std::string(); });
+}
+
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream& out)>& write,
+                           const std::function<std::string()>& header) {
   const std::string tmp = temp_path_of(path);
   const int fd = open_temp(path, tmp);
   FdStreamBuf buf(fd);
@@ -138,6 +143,13 @@ void write_file_atomically(const std::string& path, const std::function<void(std
     fail(path, tmp, fd, buf.error() != 0 ? std::strerror(buf.error()) : first_line_of(e.what()));
   }
   if (buf.error() != 0 || !out) fail(path, tmp, fd, buf.error() != 0 ? std::strerror(buf.error()) : "the stream failed");
+  const std::string head = header();
+  for (size_t done = 0; done < head.size();) {
+    const ssize_t n = ::pwrite(fd, head.data() + done, head.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(path, tmp, fd, std::strerror(n < 0 ? errno : EIO));
+    done += static_cast<size_t>(n);
+  }
   commit(path, tmp, fd);
 }
 

@@ -267,6 +267,8 @@ class Learner {
   template <typename Cancel, typename F>
   void with_events(F&& body, Event before, Event after_cancel, Event after);
   void do_fit();
+  /// What a checkpoint holds (save() streams it into a file, save_to_memory() into bytes).
+  void write_checkpoint_archive(torch::serialize::OutputArchive& ar);
   void do_epoch();
   void all_batches(data::DataLoader& dl);
   void one_batch(int64_t i, const data::Batch& b);

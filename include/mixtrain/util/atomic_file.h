@@ -32,4 +32,9 @@ void write_file_atomically(const std::string& path, const std::string& bytes);
 /// disk said nothing); `path` keeps its old content.
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream& out)>& write);
 
+/// The same, then the file's first bytes, which `write` left as placeholders, replaced by
+/// what `header` returns (a header that sums up what follows: a checkpoint's size and CRC).
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream& out)>& write,
+                           const std::function<std::string()>& header);
+
 } // namespace mixtrain
