@@ -49,6 +49,27 @@ TEST(AtomicFileTest, AStreamedFileIsWrittenWholeAndTellsWhereItIs) {
   EXPECT_FALSE(has_temp_files(dir));
 }
 
+// A header that sums up what follows (a checkpoint's size and CRC) goes over its placeholder last.
+TEST(AtomicFileTest, AHeaderComputedFromTheStreamReplacesItsPlaceholder) {
+  const std::string dir = mixtrain::test::scratch_dir("atomic_header");
+  const std::string path = dir + "/checkpoint.pt";
+  size_t body = 0;
+  write_file_atomically(
+      path,
+      [&](std::ostream& out) {
+        out << "????";
+        const std::string data(100000, 'z');
+        out.write(data.data(), static_cast<std::streamsize>(data.size()));
+        body = data.size();
+      },
+      [&] { return std::to_string(body).substr(0, 4); });
+  const std::string got = read_all(path);
+  EXPECT_EQ(got.size(), 4 + body);
+  EXPECT_EQ(got.substr(0, 4), "1000");
+  EXPECT_EQ(got.substr(4, 3), "zzz");
+  EXPECT_FALSE(has_temp_files(dir));
+}
+
 TEST(AtomicFileTest, AWriterThatThrowsLeavesTheOldContentAndNoTempFile) {
   const std::string dir = mixtrain::test::scratch_dir("atomic_throw");
   const std::string path = dir + "/model.pt";
