@@ -46,8 +46,8 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
-uint32_t crc32_of(const char* data, size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+/// `crc` (a CRC-32 so far; by default that of nothing) carried over `size` more bytes.
+uint32_t crc32_of(const char* data, size_t size, uLong crc = crc32(0L, Z_NULL, 0)) {
   while (size > 0) {  // zlib takes uInt lengths
     const uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
     crc = crc32(crc, reinterpret_cast<const Bytef*>(data), n);
@@ -176,24 +176,20 @@ void Learner::save(const std::string& path) {
   // written over its placeholder last.
   torch::serialize::OutputArchive ar;
   write_checkpoint_archive(ar);
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uint32_t crc = crc32_of(nullptr, 0);
   uint64_t size = 0;
   write_file_atomically(
       path,
       [&](std::ostream& out) {
         out.write(std::string(kHeaderSize, '\0').data(), kHeaderSize);
         ar.save_to([&](const void* data, size_t n) -> size_t {
-          for (size_t done = 0; done < n;) {  // zlib takes uInt lengths
-            const uInt part = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
-            crc = crc32(crc, static_cast<const Bytef*>(data) + done, part);
-            done += part;
-          }
+          crc = crc32_of(static_cast<const char*>(data), n, crc);
           size += n;
           out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
           return out ? n : 0;
         });
       },
-      [&] { return header_of(static_cast<uint32_t>(crc), size); });
+      [&] { return header_of(crc, size); });
 }
 
 std::string Learner::save_to_memory() {
