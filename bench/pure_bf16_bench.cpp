@@ -53,23 +53,39 @@ void time_fit(Arm& arm) {
 
 } // namespace
 
+/// One arm's mode, rule and optimizer (see make_arm).
+struct ArmSpec {
+  mixtrain::Precision precision;
+  mixtrain::amp::WeightUpdate rule = mixtrain::amp::WeightUpdate::kNearest;
+  bool core = false;
+};
+
+/// The best milliseconds per step of each arm, on the forward `cpu_bf16` picks
+/// (MIXTRAIN_CPU_BF16: "1" real, "0" emulated), the arms fitting in turn for 9 rounds.
+std::vector<double> best_step_ms(const char* cpu_bf16, const std::vector<ArmSpec>& specs) {
+  ::setenv("MIXTRAIN_CPU_BF16", cpu_bf16, 1);
+  mixtrain::configure_threads(0);
+  auto x = torch::randn({4096, 512}), y = torch::randint(10, {4096});
+  std::vector<Arm> arms;
+  for (const auto& spec : specs) arms.push_back(make_arm(x, y, spec.precision, spec.rule, spec.core));
+  for (int round = 0; round < 9; ++round)
+    for (auto& arm : arms) time_fit(arm);
+  std::vector<double> best;
+  for (const auto& arm : arms) best.push_back(arm.best_ms);
+  return best;
+}
+
 /// `pure_bf16_bench storage`: on the real bf16 forward, bf16-pure's two storages against
 /// each other and against fp32, each stepped the way it is in use: fp32 tensors of bf16
 /// values with libtorch's AdamW and the rounding pass after it (a C++ Learner's default),
 /// bf16 tensors with mixtrain::optim's AdamW (the run layer's), fp32 with the latter.
 int storage_main() {
-  ::setenv("MIXTRAIN_CPU_BF16", "1", 1);
-  mixtrain::configure_threads(0);
   using mixtrain::Precision;
   using mixtrain::amp::WeightUpdate;
-  auto x = torch::randn({4096, 512}), y = torch::randint(10, {4096});
-  std::vector<Arm> arms;
-  arms.push_back(make_arm(x, y, Precision::kFp32, WeightUpdate::kNearest, /*core=*/true));
-  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kNearest, /*core=*/false));
-  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kNearest, /*core=*/true));
-  for (int round = 0; round < 9; ++round)
-    for (auto& arm : arms) time_fit(arm);
-  const double fp32 = arms[0].best_ms, fp32_storage = arms[1].best_ms, bf16_storage = arms[2].best_ms;
+  const auto best = best_step_ms("1", {{Precision::kFp32, WeightUpdate::kNearest, /*core=*/true},
+                                       {Precision::kBf16Pure, WeightUpdate::kNearest, /*core=*/false},
+                                       {Precision::kBf16Pure, WeightUpdate::kNearest, /*core=*/true}});
+  const double fp32 = best[0], fp32_storage = best[1], bf16_storage = best[2];
   std::printf("real bf16 forward, step (4x Linear(512)+LayerNorm, bs 256): fp32 %.2f ms, bf16-pure on fp32 tensors %.2f ms, "
               "on bf16 tensors %.2f ms\n",
               fp32, fp32_storage, bf16_storage);
@@ -82,21 +98,12 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "storage") == 0) return storage_main();
   // Every bf16 arm here is emulated, as on a CPU without bf16 units (written when libtorch 1.13's
   // real CPU path could not run a LayerNorm after a Linear; `storage` runs the real path).
-  ::setenv("MIXTRAIN_CPU_BF16", "0", 1);
-  mixtrain::configure_threads(0);
   using mixtrain::Precision;
   using mixtrain::amp::WeightUpdate;
-  auto x = torch::randn({4096, 512}), y = torch::randint(10, {4096});
-  std::vector<Arm> arms;
-  arms.push_back(make_arm(x, y, Precision::kFp32, WeightUpdate::kNearest));
-  arms.push_back(make_arm(x, y, Precision::kBf16, WeightUpdate::kNearest));
-  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kNearest));
-  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kStochastic));
-  arms.push_back(make_arm(x, y, Precision::kBf16Pure, WeightUpdate::kKahan));
-  for (int round = 0; round < 9; ++round)
-    for (auto& arm : arms) time_fit(arm);
-  const double fp32 = arms[0].best_ms, bf16 = arms[1].best_ms, nearest = arms[2].best_ms, stochastic = arms[3].best_ms,
-               kahan = arms[4].best_ms;
+  const auto best = best_step_ms("0", {{Precision::kFp32}, {Precision::kBf16}, {Precision::kBf16Pure},
+                                       {Precision::kBf16Pure, WeightUpdate::kStochastic},
+                                       {Precision::kBf16Pure, WeightUpdate::kKahan}});
+  const double fp32 = best[0], bf16 = best[1], nearest = best[2], stochastic = best[3], kahan = best[4];
   std::printf("step (4x Linear(512)+LayerNorm, bs 256): fp32 %.2f ms, bf16 %.2f ms, bf16-pure nearest %.2f ms\n", fp32,
               bf16, nearest);
   std::printf("bf16-pure step / fp32 step: %.2fx; / bf16 step: %.2fx\n", nearest / fp32, nearest / bf16);
