@@ -175,3 +175,99 @@ TEST(Fp32IslandsTest, MasterWeightsKeepAnIslandsParametersFp32AndCheckpointsKeep
 }
 
 } // namespace
+
+// keep_fp32 on a model stored in bf16 with no autocast (a Hugging Face model loaded in
+// bfloat16, trained in a hand-written loop): the islands' parameters and buffers are fp32
+// tensors while the guard lives, an island's op computes in fp32 on its input cast up and
+// hands back bf16, and the rest of the model stays bf16. Checked bitwise against the same
+// model written out by hand with the casts, forward and backward; the guard's end gives
+// every tensor its dtype back.
+struct Bf16StoredImpl : torch::nn::Module {
+  Bf16StoredImpl()
+      : fc(register_module("fc", torch::nn::Linear(8, 16))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(16).affine(false)))),
+        head(register_module("head", torch::nn::Linear(16, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(bn(norm(fc(x)))); }
+  torch::nn::Linear fc;
+  torch::nn::LayerNorm norm;
+  torch::nn::BatchNorm1d bn;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Bf16Stored);
+
+TEST(Fp32IslandsTest, KeepFp32OnABf16StoredModelComputesTheIslandsInFp32AndHandsBackBf16) {
+  torch::manual_seed(0);
+  Bf16Stored model;
+  {
+    torch::NoGradGuard no_grad;
+    model->norm->weight.uniform_(0.5, 1.5);  // gains and biases with more bits than bf16 holds
+    model->norm->bias.uniform_(-0.1, 0.1);
+  }
+  const torch::Tensor norm_w = model->norm->weight.detach().clone(), norm_b = model->norm->bias.detach().clone();
+  model->to(torch::kBFloat16);
+  const torch::Tensor x = torch::randn({12, 8}).to(torch::kBFloat16);
+  {
+    torch::NoGradGuard no_grad;  // the fp32 values the islands will hold (bf16 storage rounded them)
+    model->norm->weight.set_data(norm_w.to(torch::kBFloat16));
+    model->norm->bias.set_data(norm_b.to(torch::kBFloat16));
+  }
+
+  // The reference, by hand: the same bf16 weights, the islands' ops on fp32 inputs, bf16 out.
+  auto leaf = [](const torch::Tensor& t, torch::ScalarType dtype) { return t.detach().to(dtype).clone().requires_grad_(true); };
+  const torch::Tensor fc_w = leaf(model->fc->weight, torch::kBFloat16), fc_b = leaf(model->fc->bias, torch::kBFloat16);
+  const torch::Tensor ln_w = leaf(model->norm->weight, torch::kFloat), ln_b = leaf(model->norm->bias, torch::kFloat);
+  const torch::Tensor head_w = leaf(model->head->weight, torch::kBFloat16), head_b = leaf(model->head->bias, torch::kBFloat16);
+  torch::Tensor mean = model->bn->running_mean.detach().to(torch::kFloat), var = model->bn->running_var.detach().to(torch::kFloat);
+  namespace F = torch::nn::functional;
+  torch::Tensor h = F::linear(x, fc_w, fc_b);
+  h = F::layer_norm(h.to(torch::kFloat), F::LayerNormFuncOptions({16}).weight(ln_w).bias(ln_b)).to(torch::kBFloat16);
+  h = F::batch_norm(h.to(torch::kFloat), mean, var, F::BatchNormFuncOptions().training(true)).to(torch::kBFloat16);
+  const torch::Tensor expected = F::linear(h, head_w, head_b);
+  expected.to(torch::kFloat).square().mean().backward();
+
+  {
+    const auto islands = amp::keep_fp32(*model, {"norm", "bn"});
+    EXPECT_EQ(model->norm->weight.scalar_type(), torch::kFloat);
+    EXPECT_EQ(model->bn->running_var.scalar_type(), torch::kFloat);
+    EXPECT_EQ(model->fc->weight.scalar_type(), torch::kBFloat16);
+    const torch::Tensor out = model->forward(x);
+    ASSERT_EQ(out.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(out, expected));
+    EXPECT_TRUE(torch::equal(model->bn->running_mean, mean));  // the island's statistics are fp32 too
+    out.to(torch::kFloat).square().mean().backward();
+    ASSERT_EQ(model->norm->weight.grad().scalar_type(), torch::kFloat);
+    ASSERT_EQ(model->fc->weight.grad().scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(model->norm->weight.grad(), ln_w.grad()));
+    EXPECT_TRUE(torch::equal(model->norm->bias.grad(), ln_b.grad()));
+    EXPECT_TRUE(torch::equal(model->fc->weight.grad(), fc_w.grad()));
+    EXPECT_TRUE(torch::equal(model->head->weight.grad(), head_w.grad()));
+
+    // An optimizer made inside steps both dtypes: a small update survives in the island's
+    // fp32 gains, where bf16 storage would round most of it away.
+    optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0));
+    const torch::Tensor before = model->norm->weight.detach().clone();
+    opt.step();
+    EXPECT_EQ(model->norm->weight.scalar_type(), torch::kFloat);
+    EXPECT_GT((model->norm->weight - before).abs().min().item<float>(), 0.f);
+    EXPECT_EQ(model->fc->weight.scalar_type(), torch::kBFloat16);
+  }
+  // Released: every tensor has its dtype back, gradients included.
+  EXPECT_EQ(model->norm->weight.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(model->norm->weight.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(model->bn->running_mean.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(model->forward(x).scalar_type(), torch::kBFloat16);  // the plain bf16 model runs again
+}
+
+// An fp32 model under no autocast is left as it was: keep_fp32 converts nothing, and its
+// results are fp32.
+TEST(Fp32IslandsTest, KeepFp32OnAnFp32ModelConvertsNothing) {
+  torch::manual_seed(0);
+  Bf16Stored model;
+  const torch::Tensor x = torch::randn({12, 8});
+  model->eval();
+  const torch::Tensor plain = model->forward(x);
+  const auto islands = amp::keep_fp32(*model, {"norm"});
+  EXPECT_EQ(model->norm->weight.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(model->forward(x), plain));
+}

@@ -36,6 +36,8 @@ thread_local bool inside_traced_op = false;
 thread_local const std::vector<std::string>* islands = nullptr;  // fp32 islands' module patterns
 
 thread_local const std::unordered_set<const void*>* island_params = nullptr;
+// keep_fp32 on a model stored in bf16/fp16: an island's op returns the dtype it was fed.
+thread_local bool islands_cast_back = false;
 
 /// Whether the running op (its `n_args` arguments on top of `stack`) belongs to a
 /// module kept in fp32: by the module boundary, or by taking one of its parameters.
@@ -316,6 +318,7 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     // Autocast keys, so the op can skip them: its half/bf16 inputs are cast to fp32
     // and it computes in fp32; the ops after the island see fp32 results.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
+    std::optional<at::ScalarType> fed;  // the first bf16/fp16 input's dtype
     {
       // The casts themselves must not come back here: inside the island, aten::to on
       // a bf16 input is an island op with a bf16 input, which would cast it again,
@@ -323,6 +326,7 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       c10::impl::ExcludeDispatchKeyGuard no_mode(kModeKey);
       for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
         if (is_reduced(*it)) {
+          if (!fed) fed = it->toTensor().scalar_type();
           *it = it->toTensor().to(at::kFloat);
         } else if (it->isTensorList()) {
           std::vector<at::Tensor> ts = it->toTensorVector();
@@ -334,8 +338,17 @@ bool run_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     }
     const auto no_autocast_keys = below.remove(c10::DispatchKey::AutocastCPU).remove(c10::DispatchKey::AutocastCUDA);
     op.redispatchBoxed(no_autocast_keys, stack);
+    if (islands_cast_back && fed) {
+      // A model stored in bf16/fp16 around the island: the next op takes its weights in
+      // that dtype and refuses an fp32 input (no autocast promotes), so the island's
+      // result goes back to the dtype it came in with.
+      c10::impl::ExcludeDispatchKeyGuard no_mode(kModeKey);
+      for (auto it = stack->end() - n_out; it != stack->end(); ++it)
+        if (it->isTensor() && it->toTensor().defined() && it->toTensor().scalar_type() == at::kFloat)
+          *it = it->toTensor().to(*fed);
+    }
     if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
-    return false;
+    return islands_cast_back && fed.has_value();
   }
   op.redispatchBoxed(below, stack);  // the mode stays on for the op's inner calls
   if (raw_outputs) raw_outputs->assign(stack->end() - n_out, stack->end());
@@ -394,6 +407,12 @@ const std::unordered_set<const void*>* set_island_params(const std::unordered_se
   return previous;
 }
 
+bool set_islands_cast_back(bool cast_back) {
+  const bool previous = islands_cast_back;
+  islands_cast_back = cast_back;
+  return previous;
+}
+
 const std::vector<std::string>* set_islands(const std::vector<std::string>* patterns) {
   const std::vector<std::string>* previous = islands;
   islands = patterns;
@@ -432,6 +451,8 @@ Fp32Islands::~Fp32Islands() {
   mode_.reset();
   detail::set_islands(previous_);
   detail::set_island_params(previous_params_);
+  if (held_) detail::set_islands_cast_back(previous_cast_back_);
+  held_.reset();
 }
 
 std::vector<std::string> check_islands(const std::vector<std::string>& patterns, const std::vector<std::string>& paths) {
@@ -471,9 +492,63 @@ std::vector<std::string> check_islands(const std::vector<std::string>& patterns,
   return kept;
 }
 
+namespace {
+
+bool is_16_bit(const at::Tensor& t) {
+  return t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
+}
+
+/// A tensor of the model (a parameter or a buffer) held in fp32 by keep_fp32, and its dtype.
+struct HeldTensor {
+  at::Tensor tensor;
+  at::ScalarType dtype;
+};
+
+/// Moves `t` (and its gradient) to `dtype` in place: set_data keeps the tensor object, so
+/// the model, an optimizer and the islands' ownership set all still name it.
+void retype(at::Tensor t, at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  t.set_data(t.data().to(dtype));
+  if (t.grad().defined()) t.mutable_grad() = t.grad().to(dtype);
+}
+
+} // namespace
+
 std::unique_ptr<Fp32Islands> keep_fp32(const torch::nn::Module& model, const std::vector<std::string>& patterns) {
   check_islands(patterns, model);
-  return std::make_unique<Fp32Islands>(patterns, std::make_shared<const IslandParams>(island_params(patterns, model)));
+  auto owned = std::make_shared<IslandParams>(island_params(patterns, model));
+  // The islands' buffers count as theirs too: a BatchNorm without affine parameters is fed only them.
+  std::vector<HeldTensor> held;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    for (const auto& pattern : patterns)
+      if (module_path_matches(pattern, item.key())) {
+        for (const auto& b : item.value()->buffers(/*recurse=*/true))
+          if (b.defined()) owned->insert(b.unsafeGetTensorImpl());
+        break;
+      }
+  // A model stored in bf16/fp16 (any parameter outside the islands is): its islands' 16-bit
+  // tensors become fp32, and island ops hand back the dtype they were fed.
+  bool stored_16_bit = false;
+  for (const auto& p : model.parameters(/*recurse=*/true))
+    stored_16_bit = stored_16_bit || (is_16_bit(p) && owned->count(p.unsafeGetTensorImpl()) == 0);
+  auto islands = std::make_unique<Fp32Islands>(patterns, std::move(owned));
+  if (!stored_16_bit) return islands;
+  std::unordered_set<const void*> seen;  // a tied parameter once
+  auto hold = [&](const at::Tensor& t) {
+    if (!is_16_bit(t) || !islands->params_->count(t.unsafeGetTensorImpl()) || !seen.insert(t.unsafeGetTensorImpl()).second)
+      return;
+    held.push_back({t, t.scalar_type()});
+    retype(t, at::kFloat);
+  };
+  for (const auto& p : model.parameters(/*recurse=*/true)) hold(p);
+  for (const auto& b : model.buffers(/*recurse=*/true)) hold(b);
+  islands->held_ = std::shared_ptr<void>(new std::vector<HeldTensor>(std::move(held)), [](void* p) {
+    auto* tensors = static_cast<std::vector<HeldTensor>*>(p);
+    for (auto& h : *tensors) retype(h.tensor, h.dtype);
+    delete tensors;
+  });
+  islands->previous_cast_back_ = detail::set_islands_cast_back(true);
+  return islands;
 }
 
 OpTraceScope::OpTraceScope(OpObserver* observer)

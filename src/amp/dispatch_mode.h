@@ -25,6 +25,10 @@ const std::vector<std::string>* set_islands(const std::vector<std::string>* patt
 /// The parameters of the islands' modules (by TensorImpl), for ops no scope names.
 const std::unordered_set<const void*>* set_island_params(const std::unordered_set<const void*>* params);
 
+/// Whether this thread's island ops return the bf16/fp16 dtype they were fed (keep_fp32 on a
+/// model stored in that dtype) instead of fp32; returns the previous setting.
+bool set_islands_cast_back(bool cast_back);
+
 /// Installs the observer for this thread (nullptr removes it); returns the previous one.
 OpObserver* set_op_observer(OpObserver* observer);
 

@@ -40,21 +40,34 @@ class Fp32Islands {
   Fp32Islands& operator=(const Fp32Islands&) = delete;
 
  private:
+  friend std::unique_ptr<Fp32Islands> keep_fp32(const torch::nn::Module& model, const std::vector<std::string>& patterns);
+
   std::vector<std::string> patterns_;
   std::shared_ptr<const IslandParams> params_;
   const std::vector<std::string>* previous_;
   const std::unordered_set<const void*>* previous_params_;
   std::shared_ptr<void> mode_;  // includes the dispatcher key the islands' ops are caught on
+  // keep_fp32's: the islands' bf16/fp16 parameters and buffers held in fp32, given their
+  // dtypes back when this is released; and whether island ops return the model's dtype.
+  std::shared_ptr<void> held_;
+  bool previous_cast_back_ = false;
 };
 
-/// keep_fp32 for a hand-written libtorch loop under autocast (amp::autocast: fp16 or bf16,
-/// CPU or CUDA) or the emulation: the modules of `model` that `patterns` name stay fp32 on
-/// this thread while the returned guard lives, by module scope and by parameter ownership
-/// (a C++ module's forward opens no scope: the ops that take an island's parameters are
-/// the island). The names are checked first (check_islands: one OptionError naming the
-/// closest paths). Not for a model stored in bf16 without autocast: there the island's
-/// parameters would have to be fp32 and its inputs cast in, which Python's
-/// mixtrain.keep_fp32 does with hooks, and C++ modules have none.
+/// keep_fp32 for a hand-written libtorch loop: the modules of `model` that `patterns` name
+/// stay fp32 on this thread while the returned guard lives, by module scope and by ownership
+/// of their parameters and buffers (a C++ module's forward opens no scope: the ops that take an
+/// island's tensors are the island). The names are checked first (check_islands: one
+/// OptionError naming the closest paths). Two kinds of loop:
+/// - Under autocast (amp::autocast: fp16 or bf16, CPU or CUDA) or the emulation, on an fp32
+///   model: the island's ops skip autocast and compute in fp32; their results are fp32.
+/// - A model stored in bf16 or fp16 (`model->to(torch::kBFloat16)`, no autocast), as a Hugging
+///   Face model loaded in bfloat16: the islands' parameters and buffers become fp32 tensors
+///   (the same tensor objects, so an optimizer made before or after steps them), an island's op
+///   casts its bf16/fp16 inputs to fp32, computes in fp32 and returns the model's dtype, as
+///   Python's mixtrain.keep_fp32 leaves such a model. Releasing the guard gives each tensor its
+///   dtype back (rounded). The granularity is the op: a C++ island module of several ops
+///   rounds between them, where a Python island rounds only its output.
+/// Make it once, before the loop: it lives across forward and backward.
 ///
 /// Example:
 ///   auto islands = mixtrain::amp::keep_fp32(*model, {"proj"});
