@@ -158,6 +158,7 @@ std::shared_ptr<const run::LoopState> loop_state(const py::dict& d) {
     loop->groups.push_back(std::move(group));
   }
   loop->state = d["state"].cast<std::map<std::string, std::map<std::string, at::Tensor>>>();
+  if (d.contains("rounding_seed")) loop->rounding_seed = d["rounding_seed"].cast<uint64_t>();
   return loop;
 }
 

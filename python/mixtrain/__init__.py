@@ -461,6 +461,13 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
     # buffer gets its own dtype back afterwards.
     storage = HeldInFp32([model]) if stored == torch.bfloat16 or islands else None
     precision = settings.get("precision", rows["precision"]["default"])
+    if loop is not None and "weight_update" in loop and precision == "bf16-pure":
+        # mixtrain.optim's rounding is the loop's: the doctor's bf16-pure arm is the loop as it runs.
+        if "weight_update" in options and options["weight_update"] != loop["weight_update"]:
+            raise ValueError("weight_update=%r: the loop's optimizer rounds %r, and the doctor replays the loop as it "
+                             "runs (its trials try the other rules); drop weight_update=" %
+                             (options["weight_update"], loop["weight_update"]))
+        settings["weight_update"] = loop["weight_update"]
     loss = options.get("loss") or rows["loss"]["default"]
     run = _Run(out)
     threads = torch.get_num_threads()
@@ -773,7 +780,13 @@ def _loop_state(model, optimizer):
             state[name] = {k: (v.detach().to("cpu", torch.float32) if v.dim() else torch.tensor(float(v.item())))
                            if isinstance(v, torch.Tensor) else torch.tensor(float(v))
                            for k, v in st.items() if isinstance(v, (torch.Tensor, numbers.Real))}
-    return dict(optimizer=kind, groups=groups, state=state)
+    loop = dict(optimizer=kind, groups=groups, state=state,
+                # The stream the loop's stochastic rounding draws from: mixtrain.optim's seed, or
+                # from_torch's default for a torch.optim optimizer (what the cure hands over).
+                rounding_seed=optimizer.seed if isinstance(optimizer, optim._RoundedOptimizer) else 0)
+    if isinstance(optimizer, optim._RoundedOptimizer):
+        loop["weight_update"] = optimizer.weight_update  # bf16-pure's arm rounds as the loop does
+    return loop
 
 
 def _loop_window(data, steps, bs):

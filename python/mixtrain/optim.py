@@ -72,6 +72,10 @@ class _RoundedOptimizer(torch.optim.Optimizer):
         self.weight_update = weight_update
         self.seed = int(seed)
         params = list(params)
+        # A group's params may be a generator (model.fc.parameters()): read it once, here, so
+        # that the check below and torch's constructor see the same tensors.
+        params = [dict(g, params=[g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"]))
+                  if isinstance(g, dict) and "params" in g else g for g in params]
         # Said in our words before torch's own check ("can't optimize a non-leaf Tensor").
         _check_params([g if isinstance(g, dict) else {"params": [g]} for g in params], weight_update)
         super().__init__(params, defaults)

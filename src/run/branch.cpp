@@ -824,6 +824,16 @@ std::map<std::string, torch::Tensor> params_by_name(torch::nn::Module& module) {
   return out;
 }
 
+/// The largest step count among the loop's parameter states: how far the loop had trained.
+int64_t loop_step(const LoopState& loop) {
+  int64_t step = -1;  // SGD counts none
+  for (const auto& [name, st] : loop.state) {
+    const auto it = st.find("step");
+    if (it != st.end() && it->second.defined()) step = std::max<int64_t>(step, std::llround(it->second.item<double>()));
+  }
+  return step;
+}
+
 /// Puts the loop's optimizer state into `learn`'s optimizer (built by loop_optimizer),
 /// before any precision is attached: the modes carry it from there as a resume's.
 void load_loop_state(Learner& learn, const LoopState& loop) {
@@ -833,17 +843,20 @@ void load_loop_state(Learner& learn, const LoopState& loop) {
     const auto p = params.find(name);
     if (p == params.end()) throw OptionError("optimizer", Phrase("the optimizer holds state for " + name + ", which the model does not have"));
     if (auto state = loop_param_state(loop.optimizer, name, st, p->second)) compat::set_optimizer_state(opt, p->second, std::move(state));
+    // mixtrain.optim's Kahan compensation ("kahan_comp", a bf16 tensor): the window carries
+    // on with what the loop's rounding had kept back, as a resume would.
+    const auto comp = st.find("kahan_comp");
+    auto* rounded = dynamic_cast<mixtrain::optim::RoundedSteps*>(&opt);
+    if (rounded && comp != st.end() && comp->second.defined()) {
+      TORCH_CHECK(comp->second.sizes() == p->second.sizes(), "the optimizer's kahan_comp of ", name, " has shape ",
+                  comp->second.sizes(), ", the parameter ", p->second.sizes());
+      rounded->set_compensation(p->second, comp->second.to(p->second.device(), torch::kBFloat16).contiguous().clone());
+    }
   }
-}
-
-/// The largest step count among the loop's parameter states: how far the loop had trained.
-int64_t loop_step(const LoopState& loop) {
-  int64_t step = -1;  // SGD counts none
-  for (const auto& [name, st] : loop.state) {
-    const auto it = st.find("step");
-    if (it != st.end() && it->second.defined()) step = std::max<int64_t>(step, std::llround(it->second.item<double>()));
-  }
-  return step;
+  // mixtrain.optim draws each stochastic rounding from (step, parameter index): the
+  // window goes on from the loop's count, as the loop's optimizer (or the cure's) would.
+  if (auto* rounded = dynamic_cast<mixtrain::optim::RoundedSteps*>(&opt); rounded && loop_step(loop) > 0)
+    rounded->set_steps_taken(loop_step(loop));
 }
 
 } // namespace
@@ -921,7 +934,8 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
   if (window < diagnose::kMinCompareSteps)
     throw OptionError("window", "a window of " + std::to_string(window) + " step(s) is too short to judge; the comparison needs at least " +
                                     std::to_string(diagnose::kMinCompareSteps));
-  const PrecisionOptions own_options = PrecisionOptions(r.precision_options).rounding_seed(r.seed);
+  // The loop's own rounding seed: the arm and the trials round as the loop's optimizer would.
+  const PrecisionOptions own_options = PrecisionOptions(r.precision_options).rounding_seed(loop.rounding_seed);
   if (!own_options.keep_fp32().empty()) amp::check_islands(own_options.keep_fp32(), build_model(a).module());
   if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
   a.out = RunFolder::resolve(a.out);

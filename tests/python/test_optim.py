@@ -201,6 +201,94 @@ def test_a_grad_scaler_steps_it_under_fp16_autocast():
     assert losses[-1] < losses[0]
 
 
+class PlainMlp(nn.Module):
+    """No norm layer: every parameter is a bf16 tensor in the Learner's bf16-pure too."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.fc2 = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+LEARNER_CASES = [
+    (optim.AdamW, dict(lr=1e-3, weight_decay=0.05), "stochastic"),
+    (optim.AdamW, dict(lr=1e-3, amsgrad=True), "kahan"),
+    (optim.AdamW, dict(lr=1e-3), "nearest"),
+    (optim.Adam, dict(lr=1e-3, weight_decay=0.01), "stochastic"),
+    (optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True), "stochastic"),
+    (optim.RMSprop, dict(lr=1e-3, momentum=0.5, centered=True), "kahan"),
+    (optim.Adagrad, dict(lr=1e-2), "stochastic"),
+]
+
+
+@pytest.mark.parametrize("kind,kwargs,rule", LEARNER_CASES,
+                         ids=["%s-%s" % (c[0].__name__, c[2]) for c in LEARNER_CASES])
+def test_its_step_is_the_learners_step_in_bf16_pure_on_the_same_batches(kind, kwargs, rule):
+    """The doctor's bf16-pure arm from a loop's state is mixtrain's Learner stepping the loop's
+    optimizer, rounding rule, seed and Kahan compensation on the loop's next batches. The same
+    batches stepped in Python by mixtrain.optim end on bitwise the same weights: the validation
+    loss the Learner measures is the one Python measures, to the last bit. (A bf16 model's norm
+    layers differ: the Learner keeps their parameters in fp32 tensors of bf16 values, and CPU
+    layer_norm's backward with fp32 parameters is not its all-bf16 backward.)"""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = PlainMlp().to(torch.bfloat16)
+    x, y = blobs(512, 4)
+    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 512, 32)]
+    # Two groups: the stochastic stream's parameter index runs across them.
+    groups = [{"params": model.fc1.parameters()}, {"params": model.fc2.parameters()}]
+    opt = kind(groups, weight_update=rule, seed=3, **kwargs)
+
+    def step(m, o, xb, yb):
+        o.zero_grad()
+        nn.functional.cross_entropy(m(xb.to(torch.bfloat16)).float(), yb).backward()
+        o.step()
+
+    for xb, yb in batches[:4]:  # the loop so far: state, step counts and compensations to carry
+        step(model, opt, xb, yb)
+    replay = copy.deepcopy(model)
+    replay_opt = kind([{"params": replay.fc1.parameters()}, {"params": replay.fc2.parameters()}], weight_update=rule,
+                      seed=3, **kwargs)
+    replay_opt.load_state_dict(opt.state_dict())
+    if rule == "kahan":
+        assert any(opt.state[p]["kahan_comp"].abs().max() > 0 for p in model.parameters())
+    window = batches[4:12]
+    d = mixtrain.doctor(model, window, optimizer=opt, steps=8, threads=1, max_trials=0)
+    learner_valid = d.to_dict()["evidence"]["mixed"]["valid_loss"]
+    assert d.to_dict()["evidence"]["mixed"]["lost_updates"]["weight_update"] == rule
+
+    for xb, yb in window:
+        step(replay, replay_opt, xb, yb)
+    replay.eval()
+    with torch.no_grad():  # the Learner's validation: each batch's mean loss, weighted by its size
+        total = sum(nn.functional.cross_entropy(replay(xb.to(torch.bfloat16)).float(), yb).item() * len(yb)
+                    for xb, yb in window)
+    assert learner_valid == total / 256
+    # The other seed rounds otherwise: the equality above is the stream's, not a coincidence.
+    if rule == "stochastic":
+        other = copy.deepcopy(model)
+        other_opt = kind([{"params": other.fc1.parameters()}, {"params": other.fc2.parameters()}],
+                         weight_update=rule, seed=4, **kwargs)
+        other_opt.load_state_dict(opt.state_dict())
+        for xb, yb in window:
+            step(other, other_opt, xb, yb)
+        assert any(not torch.equal(a, b) for a, b in zip(other.parameters(), replay.parameters()))
+
+
+def test_the_doctor_replays_the_loops_own_rounding_rule():
+    """mixtrain.optim's rule is the loop's: the doctor's bf16-pure arm rounds with it, and a
+    weight_update= that says otherwise is one line."""
+    model = PlainMlp().to(torch.bfloat16)
+    x, y = blobs(256, 5)
+    opt = optim.AdamW(model.parameters(), lr=1e-3, weight_update="stochastic")
+    with pytest.raises(ValueError, match="the loop's optimizer rounds 'stochastic'"):
+        mixtrain.doctor(model, [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)], optimizer=opt, steps=8,
+                        weight_update="kahan", threads=1, max_trials=0)
+
+
 def test_bad_input_is_one_line():
     with pytest.raises(ValueError, match=r"cannot convert a Adamax: mixtrain.optim converts torch.optim's AdamW, Adam, "
                                          r"SGD, RMSprop and Adagrad"):

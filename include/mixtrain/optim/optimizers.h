@@ -62,6 +62,9 @@ class RoundedSteps {
 
   /// Changes the rule: bf16-pure gives the Learner's optimizer its own.
   void set_rounding(Rounding rounding) { rounding_ = rounding; }
+  /// Continues the step count from `steps` (a branch of a training loop whose optimizer
+  /// had taken them): the next step's stochastic stream is the one the loop's would be.
+  void set_steps_taken(int64_t steps) { steps_ = steps; }
   /// `param`'s Kahan compensation (undefined while it has none), and setting it (a
   /// checkpoint that kept it elsewhere).
   torch::Tensor compensation(const torch::Tensor& param) const;

@@ -79,6 +79,9 @@ struct LoopState {
   /// "square_avg", "momentum_buffer", "grad_avg" (RMSprop); "step", "sum" (Adagrad). A
   /// parameter the optimizer has not stepped yet has none.
   std::map<std::string, std::map<std::string, at::Tensor>> state;
+  /// The seed of the loop's stochastic rounding: mixtrain.optim's `seed`, or 0 for a
+  /// torch.optim optimizer (from_torch's default: what the doctor's cure hands over).
+  uint64_t rounding_seed = 0;
 };
 
 /// The optimizer the loop was stepping, with its groups and hyperparameters, over
