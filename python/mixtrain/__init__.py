@@ -68,8 +68,8 @@ __version__ = "%s+torch%s.%s" % (_built.VERSION, _built.TORCH_VERSION,
 from .fp32_islands import Fp32Islands, HeldInFp32, keep_fp32  # noqa: E402
 from . import optim  # noqa: E402
 
-__all__ = ["doctor", "train", "lr_find", "keep_fp32", "Fp32Islands", "optim", "Diagnosis", "Result", "LrFind",
-           "MixtrainWarning"]
+__all__ = ["doctor", "train", "lr_find", "keep_fp32", "Fp32Islands", "optim", "watch", "Watch", "WatchReport",
+           "Diagnosis", "Result", "LrFind", "MixtrainWarning"]
 
 
 class MixtrainWarning(RuntimeWarning):
@@ -975,3 +975,5 @@ def _document(function, command):
 for _f, _c in ((doctor, "doctor"), (train, "train"), (lr_find, "lr_find")):
     _document(_f, _c)
 del _f, _c
+
+from .watch import Watch, WatchReport, watch  # noqa: E402 (it reads _loop_lines and MixtrainWarning)

@@ -1,0 +1,108 @@
+"""What mixtrain.watch costs a user's own loop: a small transformer classifier (the one in
+own_loop_cost.py) as a bf16 model under torch's AdamW, and an MLP in torch's fp16 recipe (fp32
+weights, autocast, GradScaler, AdamW; an MLP because CPU fp16 autocast runs the transformer at
+seconds a step); each loop unwatched, watched with the default sampling
+(every=100: one sampled step in 100, one host read per 100 steps) and with every step sampled
+(every=1: the cost of a sampled step). Whole steps, interleaved rounds, medians compared. The
+issue's goals: at most 1.02x with the default sampling, at most 1.5x for a sampled step.
+
+    PYTHONPATH=build/python .venv/bin/python bench/watch_cost.py [STEPS] [ROUNDS]
+"""
+import copy
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn as nn
+
+import mixtrain
+
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+torch.manual_seed(0)
+warnings.simplefilter("ignore", mixtrain.MixtrainWarning)
+
+
+class Encoder(nn.Module):
+    def __init__(self, d=256, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(64, d)
+        self.blocks = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True),
+                                            layers)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 8)
+
+    def forward(self, x):
+        return self.head(self.norm(self.blocks(self.emb(x))).mean(1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, d=512):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, d), nn.GELU(), nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(),
+                                 nn.LayerNorm(d), nn.Linear(d, 8))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+tokens = torch.randint(0, 64, (steps, 32, 64))
+features = torch.randn(steps, 128, 64)
+y = torch.randint(0, 8, (steps, 128))
+
+
+def fp16_loop(model, opt, scaler, w):
+    for i in range(steps):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(features[i]).float(), y[i])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+def bf16_loop(model, opt, scaler, w):
+    for i in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(tokens[i]).float(), y[i, :32]).backward()
+        opt.step()
+
+
+def timed(loop, model, opt, scaler, every):
+    t0 = time.perf_counter()
+    if every is None:
+        loop(model, opt, scaler, None)
+    else:
+        with mixtrain.watch(model, opt, scaler, every=every) as w:
+            loop(model, opt, scaler, w)
+    return (time.perf_counter() - t0) / steps
+
+
+print("mixtrain.watch's cost, %d steps a round, %d rounds, %d threads, torch %s" % (
+    steps, rounds, torch.get_num_threads(), torch.__version__))
+for name, loop, make, dtype, scaled in (
+        ("bf16 transformer (bs 32 x 64 tokens)", bf16_loop, Encoder, torch.bfloat16, False),
+        ("fp16 autocast + GradScaler, MLP (bs 128)", fp16_loop, Mlp, torch.float32, True)):
+    torch.manual_seed(0)
+    base = make()
+    # Two unwatched arms: their ratio is this machine's noise for the others.
+    arms = {"unwatched": None, "watched, every=100": 100, "every step sampled": 1, "unwatched again": None}
+    state = {}
+    for arm in arms:
+        model = copy.deepcopy(base).to(dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        scaler = torch.amp.GradScaler("cpu") if scaled else None
+        state[arm] = (model, opt, scaler)
+    for arm, every in arms.items():  # warm-up
+        timed(loop, *state[arm], every)
+    times = {arm: [] for arm in arms}
+    for _ in range(rounds):
+        for arm, every in arms.items():
+            times[arm].append(timed(loop, *state[arm], every))
+    base_t = statistics.median(times["unwatched"])
+    print("  %s, %d parameters" % (name, sum(p.numel() for p in base.parameters())))
+    for arm, ts in times.items():
+        med = statistics.median(ts)
+        print("    %-22s %8.2f ms a step  %.3fx" % (arm, med * 1e3, med / base_t))

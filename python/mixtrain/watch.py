@@ -1,0 +1,452 @@
+"""mixtrain.watch: mixed-precision health inside your own training loop, while it trains, in
+the doctor's words. One line around the loop, which is otherwise unchanged::
+
+    with mixtrain.watch(model, opt, scaler, every=100) as w:
+        for x, y in data:
+            ...                                  # your loop as it is
+    print(w)                                     # verdict, evidence, cure, the doctor call
+
+What it sees, and what it costs:
+
+- the loss scale after every ``scaler.update()``, copied on the device into a buffer that is
+  read once every ``every`` steps (no host read per step); a skipped step is a step whose
+  update backed the scale off;
+- on one step in ``every`` (the sampled step): each module's largest ``|output|`` (forward hooks
+  that exist only on that step) against the largest finite value of the dtype it computes in
+  (fp16's 65504, under fp16 autocast for fp32 outputs too), the parameters whose gradients are
+  not finite, and, for 16-bit parameters under a torch.optim optimizer, the element updates that
+  round to no change: the update computed in fp32 from the optimizer's own state by mixtrain's
+  optimizer core (on copies), rounded to nearest into the parameter's dtype, not a weight diff;
+- under ``mixtrain.optim`` the lost-update count of every step, exact, from its update pass.
+
+The watch never changes what the loop computes: the weights are bitwise those of the loop
+unwatched (tested)."""
+import math
+import warnings
+import weakref
+
+import torch
+
+from . import optim as _optim
+
+__all__ = ["watch", "Watch", "WatchReport"]
+
+_NEAR_MAX = 0.25  # an output within 4x of its dtype's largest finite value is about to overflow
+_LOST_MOST = 0.75  # three quarters of the element updates rounded away: the loop barely learns
+_SKIP_MOST = 0.5  # the doctor's kSkipRateMost: half the steps skipped once the scale settled
+_DOCTOR_STEPS = 50
+
+_KINDS = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd",
+          torch.optim.RMSprop: "rmsprop", torch.optim.Adagrad: "adagrad"}
+_CORE_CLASS = {"adamw": _optim.Adam, "adam": _optim.Adam, "sgd": _optim.SGD, "rmsprop": _optim.RMSprop,
+               "adagrad": _optim.Adagrad}
+
+
+def _short(x):
+    return "%.4g" % x
+
+
+class WatchReport:
+    """What the watch concluded: ``verdict`` (the doctor's catalogue: forward_overflow,
+    gradient_overflow, lost_updates or healthy), ``evidence`` (sentences with their numbers),
+    ``cure`` (the lines for your loop the doctor would try first) and ``doctor_call`` (the call
+    that proves a cure from where the loop stands)."""
+
+    def __init__(self, verdict, evidence, cure, doctor_call, steps):
+        self.verdict, self.evidence, self.cure, self.doctor_call, self.steps = verdict, evidence, cure, doctor_call, steps
+
+    def to_dict(self):
+        return dict(verdict=self.verdict, evidence=list(self.evidence), cure=list(self.cure),
+                    doctor_call=self.doctor_call, steps=self.steps)
+
+    def __str__(self):
+        lines = ["mixtrain.watch: %s after %d step%s" % (self.verdict, self.steps, "" if self.steps == 1 else "s")]
+        lines += ["  - " + e for e in self.evidence]
+        if self.cure:
+            lines.append("  in your loop, try:")
+            lines += ["    " + c for c in self.cure]
+        if self.doctor_call:
+            lines.append("  to prove it from where the loop stands: " + self.doctor_call)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self):
+        import html
+        return "<pre>%s</pre>" % html.escape(str(self))
+
+
+class Watch:
+    """See the module's doc. Made by ``mixtrain.watch(...)``; ``close()`` (or leaving the
+    ``with`` block) reads what is left and removes every hook."""
+
+    def __init__(self, model, optimizer, scaler=None, every=100):
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError("watch takes the torch.nn.Module your loop trains, got %s" % type(model).__name__)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError("watch takes the torch.optim optimizer your loop steps, got %s" % type(optimizer).__name__)
+        if scaler is not None and not (hasattr(scaler, "update") and hasattr(scaler, "get_scale")):
+            raise ValueError("scaler is a %s, not a torch.amp.GradScaler" % type(scaler).__name__)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError("invalid every=%r: an integer >= 1 (one step in every N is sampled and read)" % (every,))
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("the model has no trainable parameters: there is nothing to watch")
+        for thing, what in ((model, "model"), (optimizer, "optimizer")):
+            held = getattr(thing, "_mixtrain_watch", None)
+            if held is not None and held() is not None and not held()._closed:
+                raise ValueError("this %s is watched already: close() the first watch before watching it again" % what)
+        self.model, self.optimizer, self.every = model, optimizer, every
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self._ours = isinstance(optimizer, _optim._RoundedOptimizer)
+        self._kind = None if self._ours else _KINDS.get(type(optimizer))
+        if self._kind == "adam" and any(g.get("decoupled_weight_decay") for g in optimizer.param_groups):
+            self._kind = "adamw"
+        self._names = {}
+        for name, p in model.named_parameters():
+            self._names.setdefault(id(p), name)
+        self._steps = 0
+        self._scale_buffer = None  # the block's scales, on the scaler's device
+        self._scales = []  # one per step with a scaler: the scale after its update
+        # The scale the watch starts from (one host read, here): a scaler not used yet starts at its init_scale.
+        self._initial_scale = None
+        if self.scaler is not None:
+            current = getattr(self.scaler, "_scale", None)
+            self._initial_scale = float(current) if current is not None else float(self.scaler._init_scale)
+        self._ranges = []  # [(step, [(module, largest |output|, limit)])], sampled steps, forward order
+        self._range_hooks = []
+        self._pending_ranges = []  # this sampled step's, on the device
+        self._nonfinite_grads = []  # [(step, [names])]
+        self._pending_nonfinite = None
+        self._lost = {}  # name -> [intended, lost]
+        self._lost_steps = 0
+        self._ours_before = None
+        self._losses = None  # [sum, count, nonfinite] on the device, from w.loss()
+        self._warned = False
+        self._report = None
+        self._closed = False
+        self._hooks = [optimizer.register_step_pre_hook(self._before_step),
+                       optimizer.register_step_post_hook(self._after_step)]
+        if self.scaler is not None:
+            self._scaler_update = self.scaler.update
+            self.scaler.update = self._update
+        # Weak: a deepcopy of the watched model copies the mark, not the watch.
+        model._mixtrain_watch = weakref.ref(self)
+        optimizer._mixtrain_watch = weakref.ref(self)
+        self._sample()  # the first step is sampled
+
+    # ---- the loop's events
+
+    def loss(self, loss):
+        """Optional: hand the watch each step's loss (kept on the device, read with the rest)."""
+        if not isinstance(loss, torch.Tensor):
+            raise ValueError("w.loss takes the loss tensor, got %s" % type(loss).__name__)
+        v = loss.detach().float().reshape(-1)[:1].sum()
+        if self._losses is None:
+            self._losses = torch.zeros(3, device=v.device)
+        self._losses += torch.stack([torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0), torch.ones_like(v),
+                                     (~torch.isfinite(v)).float()])
+        return loss
+
+    def _before_step(self, optimizer, args, kwargs):
+        if self._ours:
+            self._ours_before = {i: tuple(c) for i, c in optimizer._lost.items()}
+        elif self._range_hooks and self._kind is not None:
+            self._count_lost_updates()
+
+    def _after_step(self, optimizer, args, kwargs):
+        if self._ours and self._ours_before is not None:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    i = optimizer._index(p)
+                    now = optimizer._lost.get(i)
+                    if now is None or p.dtype not in (torch.bfloat16, torch.float16):
+                        continue
+                    before = self._ours_before.get(i, (0, 0))
+                    if now[0] < before[0]:
+                        before = (0, 0)  # the loop read lost_updates() in between (it restarts the count)
+                    c = self._lost.setdefault(self._names.get(id(p), str(i)), [0, 0])
+                    c[0] += now[0] - before[0]
+                    c[1] += now[1] - before[1]
+            self._lost_steps += 1
+            self._ours_before = None
+        if self.scaler is None:
+            self._end_step()
+
+    def _update(self, new_scale=None):
+        if self._range_hooks:
+            self._note_nonfinite_grads()
+        self._scaler_update(new_scale)
+        scale = getattr(self.scaler, "_scale", None)
+        if scale is not None:
+            if self._scale_buffer is None:
+                self._scale_buffer = torch.empty(self.every, dtype=torch.float32, device=scale.device)
+            self._scale_buffer[self._steps % self.every].copy_(scale.reshape(()))
+        self._end_step()
+
+    def _end_step(self):
+        if self._range_hooks:
+            self._unsample()
+            if self.scaler is None:
+                self._note_nonfinite_grads()
+        self._steps += 1
+        if self._steps % self.every == 0:
+            self._read()
+            self._sample()
+
+    # ---- sampled steps
+
+    def _sample(self):
+        def hook_for(name):
+            def hook(module, inputs, output):
+                t = _first_floating(output)
+                if t is None:
+                    return
+                limit = _limit(t)
+                if limit is not None:
+                    self._pending_ranges.append((name, t.detach().abs().amax().float(), limit))
+            return hook
+        for name, module in self.model.named_modules():
+            if name:
+                self._range_hooks.append(module.register_forward_hook(hook_for(name)))
+
+    def _unsample(self):
+        for h in self._range_hooks:
+            h.remove()
+        self._range_hooks = []
+        if self._pending_ranges:
+            self._ranges.append((self._steps, self._pending_ranges))
+        self._pending_ranges = []
+
+    def _note_nonfinite_grads(self):
+        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        if named:
+            flags = torch.stack([(~torch.isfinite(p.grad)).any() for _, p in named])
+            self._pending_nonfinite = (self._steps, [n for n, _ in named], flags)
+
+    def _count_lost_updates(self):
+        """This step's torch.optim update, computed in fp32 from the optimizer's own state by
+        mixtrain's core on copies, rounded to nearest: the element updates that leave their
+        16-bit weight unchanged."""
+        from . import _native
+        core = _CORE_CLASS[self._kind]
+        for group in self.optimizer.param_groups:
+            hyper = {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+                     for k, v in group.items() if k not in ("params", "param_names")}
+            for p in group["params"]:
+                if p.grad is None or p.dtype not in (torch.bfloat16, torch.float16) or p.grad.is_sparse:
+                    continue
+                state = {k: v.detach().clone() for k, v in self.optimizer.state.get(p, {}).items()
+                         if isinstance(v, torch.Tensor) and v.dim() > 0}
+                if self._kind == "adagrad" and "sum" not in state:
+                    continue
+                step = int(float(self.optimizer.state.get(p, {}).get("step", 0))) + 1
+                tensors, fresh = core._state_of(None, p, group, state)
+                counts = _native.update_parameter(self._kind, p.detach().clone(), p.grad, tensors, hyper, step, fresh,
+                                                  "nearest", None, 0, 0)
+                c = self._lost.setdefault(self._names.get(id(p), "?"), [0, 0])
+                c[0] += counts["intended"]
+                c[1] += counts["lost"]
+        self._lost_steps += 1
+
+    # ---- reading and judging
+
+    def _read(self):
+        """The one host read of a block of steps: the scales, the sampled ranges and flags."""
+        n = self._steps - len(self._scales) if self.scaler is not None else 0
+        if self._scale_buffer is not None and n > 0:
+            at = len(self._scales) % self.every  # the buffer holds a block, by step % every; reads end at block ends
+            self._scales += self._scale_buffer[at:at + n].tolist()
+        for i, (step, ranges) in enumerate(self._ranges):
+            if ranges and isinstance(ranges[0][1], torch.Tensor):
+                values = torch.stack([r[1] for r in ranges]).tolist()
+                self._ranges[i] = (step, [(r[0], v, r[2]) for r, v in zip(ranges, values)])
+        if self._pending_nonfinite is not None:
+            step, names, flags = self._pending_nonfinite
+            bad = [n for n, f in zip(names, flags.tolist()) if f]
+            if bad:
+                self._nonfinite_grads.append((step, bad))
+            self._pending_nonfinite = None
+        self._report = self._judge()
+        if self._report.verdict != "healthy" and not self._warned:
+            self._warned = True
+            from . import MixtrainWarning
+            message = "mixtrain.watch: %s: %s" % (self._report.verdict, self._report.evidence[0])
+            if self._report.cure:
+                message += "; try: " + self._report.cure[0]
+            warnings.warn(message, MixtrainWarning, stacklevel=2)
+
+    def _skips(self):
+        """The steps whose update backed the scale off, and how many skipped while it settled."""
+        skipped, previous = [], self._initial_scale
+        for i, s in enumerate(self._scales):
+            if previous is not None and s < previous:
+                skipped.append(i)
+            previous = s
+        settling = 0
+        while settling < len(skipped) and skipped[settling] == settling:
+            settling += 1
+        return skipped, settling
+
+    def _judge(self):
+        from . import _loop_lines
+        call = "mixtrain.doctor(model, data, optimizer=opt%s, steps=%d)" % (
+            ", scaler=scaler" if self.scaler is not None else "", _DOCTOR_STEPS)
+        # forward_overflow: the first module, in forward order, on the first sampled step where one came near.
+        for step, ranges in self._ranges:
+            for name, value, limit in ranges:
+                if isinstance(value, float) and not (value < _NEAR_MAX * limit):
+                    what = "overflowed (not finite)" if not math.isfinite(value) else \
+                        "reached %s, %.0f%% of" % (_short(value), 100 * value / limit)
+                    evidence = ["module %s's output %s its dtype's largest value %s on step %d (sampled every %d "
+                                "steps; the first module in forward order to come within 4x)" % (
+                                    name, what, _short(limit), step, self.every)]
+                    return WatchReport("forward_overflow", evidence + self._scale_evidence(),
+                                       _loop_lines([{"key": "keep_fp32", "value": name}]) or [], call, self._steps)
+        skipped, settling = self._skips()
+        if self._scales:
+            after = len(self._scales) - settling
+            rate = (len(skipped) - settling) / after if after > 0 else 0.0
+            collapsed = min(self._scales) <= 1.0 and min(self._scales) < (self._initial_scale or math.inf)
+            if collapsed or (after >= 8 and rate >= _SKIP_MOST):
+                evidence = self._scale_evidence()
+                if collapsed:
+                    evidence.insert(0, "the loss scale collapsed: repeated back-off from %s down to %s" % (
+                        _short(self._initial_scale), _short(min(self._scales))))
+                for step, names in self._nonfinite_grads[:1]:
+                    evidence.append("gradients not finite on sampled step %d in: %s" % (step, ", ".join(names[:5])))
+                cure = (_loop_lines([{"key": "clip", "value": "1"}]) or []) + \
+                    (_loop_lines([{"key": "precision", "value": "bf16"}]) or [])
+                return WatchReport("gradient_overflow", evidence, cure, call, self._steps)
+        intended = sum(c[0] for c in self._lost.values())
+        lost = sum(c[1] for c in self._lost.values())
+        rule = self.optimizer.weight_update if self._ours else "nearest"
+        if intended and rule == "nearest" and lost / intended >= _LOST_MOST:
+            worst = sorted(((c[1] / c[0], name) for name, c in self._lost.items() if c[0]), reverse=True)[:5]
+            counted = ("every step, exact, from mixtrain.optim's update pass" if self._ours else
+                       "on %d sampled step%s: the update computed in fp32 from the optimizer's own state, rounded "
+                       "to nearest into the weight's dtype" % (self._lost_steps, "" if self._lost_steps == 1 else "s"))
+            evidence = ["%.1f%% of the 16-bit weights' element updates rounded to no change (%s)" % (
+                100.0 * lost / intended, counted),
+                "most lost: " + ", ".join("%s %.0f%%" % (name, 100 * share) for share, name in worst)]
+            return WatchReport("lost_updates", evidence,
+                               _loop_lines([{"key": "weight_update", "value": "stochastic"}], ours=self._ours) or [],
+                               call, self._steps)
+        evidence = self._scale_evidence()
+        if intended:
+            evidence.append("%.1f%% of the 16-bit weights' element updates rounded to no change (%s)" % (
+                100.0 * lost / intended, "rule %r" % rule))
+        peak = max((v for _, ranges in self._ranges for _, v, _ in ranges if isinstance(v, float)), default=None)
+        if peak is not None:
+            evidence.append("largest module output on the sampled steps: %s" % _short(peak))
+        return WatchReport("healthy", evidence, [], None, self._steps)
+
+    def _scale_evidence(self):
+        if not self._scales:
+            return []
+        skipped, settling = self._skips()
+        return ["%d of %d steps skipped (%d while the scale settled from %s); loss scale now %s" % (
+            len(skipped), len(self._scales), settling, _short(self._initial_scale), _short(self._scales[-1]))]
+
+    # ---- what the user reads
+
+    def report(self):
+        """The verdict so far (reads what the last block left on the device)."""
+        if not self._closed and (self._steps % self.every != 0 or self._report is None):
+            self._read()
+        return self._report
+
+    def to_dict(self):
+        """The raw series: the scale after each step, the skipped steps, each sampled step's
+        module ranges, the non-finite gradients seen, and the lost-update counts per parameter."""
+        report = self.report()
+        skipped, settling = self._skips()
+        out = dict(steps=self._steps, every=self.every, verdict=report.verdict, scales=list(self._scales),
+                   initial_scale=self._initial_scale, skipped_steps=skipped, settling_skips=settling,
+                   module_ranges=[dict(step=s, ranges={n: v for n, v, _ in r}) for s, r in self._ranges
+                                  if not r or isinstance(r[0][1], float)],
+                   nonfinite_gradients=[dict(step=s, params=n) for s, n in self._nonfinite_grads],
+                   lost_updates=dict(per_param={n: dict(intended=c[0], lost=c[1]) for n, c in self._lost.items()},
+                                     counted_steps=self._lost_steps, exact=self._ours))
+        if self._losses is not None:
+            total, count, bad = self._losses.tolist()
+            out["losses"] = dict(count=int(count), mean_of_finite=total / max(count - bad, 1), nonfinite=int(bad))
+        return out
+
+    def close(self):
+        """Reads what is left and removes every hook (the optimizer's, the scaler's, the modules')."""
+        if self._closed:
+            return
+        self._unsample_without_keeping()
+        self._read()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.scaler is not None:
+            del self.scaler.update  # the instance attribute: the class's method again
+        for thing in (self.model, self.optimizer):
+            held = getattr(thing, "_mixtrain_watch", None)
+            if held is not None and held() is self:
+                del thing._mixtrain_watch
+        self._closed = True
+
+    def _unsample_without_keeping(self):
+        for h in self._range_hooks:
+            h.remove()
+        self._range_hooks = []
+        self._pending_ranges = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __str__(self):
+        return str(self.report())
+
+    __repr__ = __str__
+
+    def _repr_html_(self):
+        return self.report()._repr_html_()
+
+
+def _first_floating(value):
+    if isinstance(value, torch.Tensor):
+        return value if value.is_floating_point() and value.numel() > 0 else None
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            t = _first_floating(v)
+            if t is not None:
+                return t
+    if isinstance(value, dict):
+        for v in value.values():
+            t = _first_floating(v)
+            if t is not None:
+                return t
+    return None
+
+
+def _limit(t):
+    """The largest finite value of the dtype `t` is computed in: its own for fp16/bf16; fp16's
+    for an fp32 output under fp16 autocast (the next op casts it)."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return float(torch.finfo(t.dtype).max)
+    if t.dtype == torch.float32:
+        device = t.device.type
+        try:
+            if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
+                return float(torch.finfo(torch.float16).max)
+        except (TypeError, RuntimeError):
+            return None
+    return None
+
+
+def watch(model, optimizer, scaler=None, every=100):
+    """Watch a training loop's mixed-precision health while it trains (see mixtrain.watch's
+    module doc). Use as ``with mixtrain.watch(model, opt, scaler) as w:`` around the loop, or
+    ``w = mixtrain.watch(...)`` ... ``w.close()``. ``every``: one step in every N is sampled
+    (module ranges, non-finite gradients, a torch.optim optimizer's lost updates) and the
+    device's records are read once per N steps. Warns once (MixtrainWarning) when a verdict's
+    rule is met; ``print(w)`` / ``w.report()`` give the verdict, evidence, cure and the doctor
+    call; ``w.to_dict()`` the raw series."""
+    return Watch(model, optimizer, scaler=scaler, every=every)
