@@ -142,19 +142,38 @@ void restore_state_as(torch::optim::Optimizer& opt, const torch::Tensor& p, c10:
 
 void PureBf16::store_in_bf16(Learner& learn) {
   auto* rounded = dynamic_cast<optim::RoundedSteps*>(&learn.opt());
-  // The emulated forward reads fp32 tensors as bf16; libtorch's own optimizers would
-  // round at every op: both keep fp32 storage, rounded by after_step.
-  if (!rounded || emulated()) return;
-  fit_on_bf16_ = true;
-  if (rounded->rounding().weight_update() != rule_ || rounded->rounding().seed() != seed_)
-    rounded->set_rounding(optim::Rounding().weight_update(rule_).seed(seed_));
+  // libtorch's own optimizers would round at every op: they keep fp32 storage, rounded by after_step.
+  if (!rounded) return;
+  // Under mixtrain's optimizers the stochastic stream is (its step count, the parameter's
+  // index in it) on either storage, so a branch of a loop or a run rounds as it would have.
   std::unordered_map<const void*, int64_t> index;
   for (const auto& group : learn.opt().param_groups())
     for (const auto& t : group.params()) index.emplace(t.unsafeGetTensorImpl(), static_cast<int64_t>(index.size()));
-  torch::NoGradGuard no_grad;
   for (auto& p : params_) {
     const auto it = index.find(p.weight.unsafeGetTensorImpl());
     p.opt_index = it == index.end() ? -1 : it->second;
+  }
+  torch::NoGradGuard no_grad;
+  if (emulated()) {
+    // The emulated forward reads fp32 tensors as bf16: fp32 storage, rounded by after_step. A
+    // compensation the optimizer holds (a loop's state, a checkpoint of bf16 storage) is this
+    // callback's to carry on.
+    if (rule_ == WeightUpdate::kKahan)
+      for (auto& p : params_) {
+        const torch::Tensor held = rounded->compensation(p.weight);
+        if (!held.defined()) continue;
+        if (p.compensation.defined())
+          p.compensation.copy_(held);
+        else
+          p.compensation = held.to(torch::kFloat);
+        rounded->set_compensation(p.weight, torch::Tensor());
+      }
+    return;
+  }
+  fit_on_bf16_ = true;
+  if (rounded->rounding().weight_update() != rule_ || rounded->rounding().seed() != seed_)
+    rounded->set_rounding(optim::Rounding().weight_update(rule_).seed(seed_));
+  for (auto& p : params_) {
     // A norm layer's kernels take a bf16 input only with fp32 parameters: those stay fp32
     // tensors of bf16 values, rounded by after_step.
     p.bf16 = p.opt_index >= 0 && !p.in_norm_layer;
@@ -261,12 +280,13 @@ void PureBf16::after_step(Learner& learn) {
   if (!step_pending_) return;
   step_pending_ = false;
   torch::NoGradGuard no_grad;
-  auto* rounded = bf16_storage_ ? dynamic_cast<optim::RoundedSteps*>(&learn.opt()) : nullptr;
-  // On bf16 storage the optimizer rounded and counted (its step count and parameter index
-  // make the stochastic stream); the fp32 tensors left (norm layers) are rounded here from
-  // the same stream, as if they were bf16.
+  auto* core = dynamic_cast<optim::RoundedSteps*>(&learn.opt());
+  auto* rounded = bf16_storage_ ? core : nullptr;
+  // On bf16 storage the optimizer rounded and counted; the fp32 tensors left (norm layers,
+  // or every weight on fp32 storage) are rounded here, from the stream the optimizer would
+  // draw (its step count and parameter index) where it is mixtrain's.
   const std::vector<LostUpdates> counted = rounded ? rounded->take_lost_updates_per_param() : std::vector<LostUpdates>();
-  const int64_t step = rounded ? rounded->steps_taken() : learn.train_iter();
+  const int64_t step = core ? core->steps_taken() : learn.train_iter();
   LostUpdates this_step;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
@@ -278,7 +298,8 @@ void PureBf16::after_step(Learner& learn) {
       this_step += s;
       continue;
     }
-    const uint64_t stream = rounded ? stochastic_stream(step, static_cast<size_t>(p.opt_index)) : stochastic_stream(step, i);
+    const uint64_t stream = core && p.opt_index >= 0 ? stochastic_stream(step, static_cast<size_t>(p.opt_index))
+                                                     : stochastic_stream(step, i);
     const LostUpdates s = round_update(p.weight, p.before, rule_, p.compensation.defined() ? &p.compensation : nullptr,
                                        seed_, stream);
     p.total += s;

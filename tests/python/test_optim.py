@@ -224,15 +224,19 @@ LEARNER_CASES = [
 ]
 
 
+@pytest.mark.parametrize("real_bf16", ["1", "0"], ids=["real-bf16", "emulated-bf16"])
 @pytest.mark.parametrize("kind,kwargs,rule", LEARNER_CASES,
                          ids=["%s-%s" % (c[0].__name__, c[2]) for c in LEARNER_CASES])
-def test_its_step_is_the_learners_step_in_bf16_pure_on_the_same_batches(kind, kwargs, rule):
+def test_its_step_is_the_learners_step_in_bf16_pure_on_the_same_batches(kind, kwargs, rule, real_bf16, monkeypatch):
     """The doctor's bf16-pure arm from a loop's state is mixtrain's Learner stepping the loop's
     optimizer, rounding rule, seed and Kahan compensation on the loop's next batches. The same
     batches stepped in Python by mixtrain.optim end on bitwise the same weights: the validation
     loss the Learner measures is the one Python measures, to the last bit. (A bf16 model's norm
     layers differ: the Learner keeps their parameters in fp32 tensors of bf16 values, and CPU
-    layer_norm's backward with fp32 parameters is not its all-bf16 backward.)"""
+    layer_norm's backward with fp32 parameters is not its all-bf16 backward.) Both of the Learner's
+    bf16 paths: bf16 storage stepped by the core (a CPU with bf16 units), and fp32 storage with
+    the emulated forward, rounded after the step from the same stream."""
+    monkeypatch.setenv("MIXTRAIN_CPU_BF16", real_bf16)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = PlainMlp().to(torch.bfloat16)
@@ -259,6 +263,7 @@ def test_its_step_is_the_learners_step_in_bf16_pure_on_the_same_batches(kind, kw
     d = mixtrain.doctor(model, window, optimizer=opt, steps=8, threads=1, max_trials=0)
     learner_valid = d.to_dict()["evidence"]["mixed"]["valid_loss"]
     assert d.to_dict()["evidence"]["mixed"]["lost_updates"]["weight_update"] == rule
+    assert d.to_dict()["evidence"]["mixed"]["emulated"] == (real_bf16 == "0")
 
     for xb, yb in window:
         step(replay, replay_opt, xb, yb)
