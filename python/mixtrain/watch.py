@@ -93,7 +93,9 @@ class Watch:
             raise ValueError("the model has no trainable parameters: there is nothing to watch")
         for thing, what in ((model, "model"), (optimizer, "optimizer")):
             held = getattr(thing, "_mixtrain_watch", None)
-            if held is not None and held() is not None and not held()._closed:
+            held = held() if held is not None else None
+            # A deepcopy of a watched model carries the mark: only the watched object itself is refused.
+            if held is not None and not held._closed and (held.model is thing or held.optimizer is thing):
                 raise ValueError("this %s is watched already: close() the first watch before watching it again" % what)
         self.model, self.optimizer, self.every = model, optimizer, every
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
@@ -114,6 +116,7 @@ class Watch:
             self._initial_scale = float(current) if current is not None else float(self.scaler._init_scale)
         self._ranges = []  # [(step, [(module, largest |output|, limit)])], sampled steps, forward order
         self._range_hooks = []
+        self._sampled = False  # whether the running step is a sampled one
         self._pending_ranges = []  # this sampled step's, on the device
         self._nonfinite_grads = []  # [(step, [names])]
         self._pending_nonfinite = None
@@ -150,7 +153,7 @@ class Watch:
     def _before_step(self, optimizer, args, kwargs):
         if self._ours:
             self._ours_before = {i: tuple(c) for i, c in optimizer._lost.items()}
-        elif self._range_hooks and self._kind is not None:
+        elif self._sampled and self._kind is not None:
             self._count_lost_updates()
 
     def _after_step(self, optimizer, args, kwargs):
@@ -173,7 +176,7 @@ class Watch:
             self._end_step()
 
     def _update(self, new_scale=None):
-        if self._range_hooks:
+        if self._sampled:
             self._note_nonfinite_grads()
         self._scaler_update(new_scale)
         scale = getattr(self.scaler, "_scale", None)
@@ -184,7 +187,7 @@ class Watch:
         self._end_step()
 
     def _end_step(self):
-        if self._range_hooks:
+        if self._sampled:
             self._unsample()
             if self.scaler is None:
                 self._note_nonfinite_grads()
@@ -196,6 +199,8 @@ class Watch:
     # ---- sampled steps
 
     def _sample(self):
+        self._sampled = True
+
         def hook_for(name):
             def hook(module, inputs, output):
                 t = _first_floating(output)
@@ -210,6 +215,7 @@ class Watch:
                 self._range_hooks.append(module.register_forward_hook(hook_for(name)))
 
     def _unsample(self):
+        self._sampled = False
         for h in self._range_hooks:
             h.remove()
         self._range_hooks = []
@@ -390,6 +396,7 @@ class Watch:
         self._closed = True
 
     def _unsample_without_keeping(self):
+        self._sampled = False
         for h in self._range_hooks:
             h.remove()
         self._range_hooks = []

@@ -269,3 +269,23 @@ def test_between_its_reads_the_watch_adds_no_host_read_to_a_step():
             assert w.report().verdict == "healthy"  # the read: now, and outside the count
             w.close()
     assert counts[0] > 0 and counts[1] == counts[0], counts
+
+
+def test_a_model_without_submodules_and_a_copy_of_a_watched_model_are_watched_too():
+    """A bare nn.Linear has no module to hook, but its sampled steps still count lost updates
+    (torch's fused AdamW here); a deepcopy of a watched model is another model."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    x, y = data(64, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixtrain.MixtrainWarning)
+        with mixtrain.watch(model, opt, every=1) as w:
+            copy_of = copy.deepcopy(model)
+            mixtrain.watch(copy_of, torch.optim.SGD(copy_of.parameters(), lr=0.1)).close()
+            for i in range(3):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x[i * 16:][:16].to(torch.bfloat16)).float(), y[i * 16:][:16]).backward()
+                opt.step()
+    assert w.to_dict()["lost_updates"]["counted_steps"] == 3
+    assert w.report().verdict == "lost_updates", w.report()
