@@ -17,6 +17,8 @@
 #include <mixtrain/run/commands.h>
 #include <mixtrain/models/scripted_model.h>
 #include <mixtrain/optim/update_rule.h>
+#include <mixtrain/diagnose/diagnosis.h>
+#include <mixtrain/diagnose/plots.h>
 
 #include <atomic>
 #include <csignal>
@@ -30,6 +32,7 @@
 
 namespace py = pybind11;
 namespace run = mixtrain::run;
+namespace diagnose = mixtrain::diagnose;
 
 namespace {
 
@@ -381,6 +384,18 @@ PYBIND11_MODULE(_native, m) {
   m.def("run", &run_command, py::arg("command"), py::arg("script"), py::arg("model_name"), py::arg("x"), py::arg("y"),
         py::arg("valid_x"), py::arg("valid_y"), py::arg("settings"), py::arg("out"), py::arg("keep_files"),
         py::arg("loop") = py::none());
+  // mixtrain.watch's chart: the doctor's loss-scale history, from the scales a loop's watch read.
+  m.def(
+      "scale_history_svg",
+      [](const std::vector<double>& scales, const std::vector<bool>& skipped, const std::string& precision) {
+        if (scales.size() != skipped.size()) throw py::value_error("scale_history_svg: one skipped flag per scale");
+        diagnose::RunEvidence run;
+        run.precision = precision;
+        run.scales = scales;
+        run.skipped = skipped;
+        return diagnose::scale_history_svg(run);
+      },
+      py::arg("scales"), py::arg("skipped"), py::arg("precision"));
   m.def("update_parameter", &update_parameter, py::arg("kind"), py::arg("param"), py::arg("grad"), py::arg("state"),
         py::arg("hyper"), py::arg("step"), py::arg("fresh_momentum"), py::arg("weight_update"), py::arg("compensation"),
         py::arg("seed"), py::arg("stream"));

@@ -378,6 +378,17 @@ class Watch:
             out["losses"] = dict(count=int(count), mean_of_finite=total / max(count - bad, 1), nonfinite=int(bad))
         return out
 
+    def plot(self):
+        """The loss-scale history the doctor draws (the scale after each step, the skipped steps
+        marked), as SVG text that a notebook shows; None without a GradScaler."""
+        self.report()
+        if not self._scales:
+            return None
+        from . import _native
+        skipped = set(self._skips()[0])
+        return _Svg(_native.scale_history_svg(list(self._scales), [i in skipped for i in range(len(self._scales))],
+                                              "fp16, watched"))
+
     def close(self):
         """Reads what is left and removes every hook (the optimizer's, the scaler's, the modules')."""
         if self._closed:
@@ -415,6 +426,13 @@ class Watch:
 
     def _repr_html_(self):
         return self.report()._repr_html_()
+
+
+class _Svg(str):
+    """SVG text that a notebook renders as the chart."""
+
+    def _repr_svg_(self):
+        return str(self)
 
 
 def _first_floating(value):

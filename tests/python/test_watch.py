@@ -116,6 +116,8 @@ def test_a_collapsing_loss_scale_is_gradient_overflow_with_its_history():
     assert len(raw["scales"]) == 40 and raw["scales"][0] == 32768.0 and raw["scales"][-1] < 1
     assert raw["skipped_steps"] == list(range(40))
     assert any(line.startswith("scaler.unscale_(opt); torch.nn.utils.clip_grad_norm_") for line in report.cure)
+    chart = w.plot()  # the doctor's scale chart, every step marked skipped
+    assert chart.startswith("<svg") and "skipped step (40)" in chart and chart._repr_svg_() == chart
 
 
 def pretrained_norm_mlp():
