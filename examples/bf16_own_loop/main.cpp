@@ -3,7 +3,9 @@
 // core) in place of torch::optim::AdamW. A LayerNorm MLP is
 // pretrained in fp32, then fine-tuned at a small learning rate three ways from the same
 // weights and batches: in fp32, in bf16 rounded to nearest (what a bf16 model under a plain
-// optimizer does: most updates round to nothing) and in bf16 rounded stochastically.
+// optimizer does: most updates round to nothing) and in bf16 rounded stochastically; and a fourth
+// time rounded to nearest with the LayerNorm kept in fp32 by mixtrain::amp::keep_fp32 (an island in
+// a bf16-stored model), which shows that an island for the norm alone is not this stall's cure.
 //
 //   bf16_own_loop_example [steps]
 //
@@ -11,6 +13,7 @@
 // parameter); each update is computed in fp32 and rounded once. Prints each run's validation loss, the share of updates
 // the nearest run lost and each bf16 run's share of fp32's progress; exits 1 unless stochastic
 // rounding makes more than 95% of fp32's progress where nearest makes less than 80%.
+#include <mixtrain/amp/fp32_islands.h>
 #include <mixtrain/amp/weight_update.h>
 #include <mixtrain/optim/optimizers.h>
 #include <torch/torch.h>
@@ -60,7 +63,7 @@ double valid_loss(Net& net, const Data& d) {
 /// model (weights, gradients and AdamW's moments all bf16 tensors) under mixtrain's AdamW,
 /// which computes each update in fp32 and writes it back once by the rule.
 double fine_tune(const std::vector<torch::Tensor>& start, const Data& train, const Data& valid, int steps,
-                 const mixtrain::amp::WeightUpdate* rule, double* lost_share) {
+                 const mixtrain::amp::WeightUpdate* rule, double* lost_share, bool norm_in_fp32 = false) {
   Net net;
   {
     torch::NoGradGuard no_grad;
@@ -70,8 +73,12 @@ double fine_tune(const std::vector<torch::Tensor>& start, const Data& train, con
   const auto options = torch::optim::AdamWOptions(3e-4).weight_decay(0);
   std::unique_ptr<torch::optim::Optimizer> opt;
   mixtrain::optim::AdamW* ours = nullptr;
+  std::unique_ptr<mixtrain::amp::Fp32Islands> islands;
   if (rule) {
     net->to(torch::kBFloat16);  // a bf16 model, as a Hugging Face model loaded in bfloat16
+    // The LayerNorm as an fp32 island: its gains and biases fp32 tensors, its op computed in
+    // fp32 and handing bf16 on (the guard lives for the whole loop).
+    if (norm_in_fp32) islands = mixtrain::amp::keep_fp32(*net, {"norm"});
     auto made = std::make_unique<mixtrain::optim::AdamW>(net->parameters(), options,
                                                          mixtrain::optim::Rounding().weight_update(*rule).seed(42));
     ours = made.get();
@@ -90,6 +97,7 @@ double fine_tune(const std::vector<torch::Tensor>& start, const Data& train, con
     opt->step();
   }
   if (ours && lost_share) *lost_share = ours->lost_updates().fraction();
+  islands.reset();  // the island's tensors back to bf16 (rounded), as the model was
   net->to(torch::kFloat);  // the bf16 weights, exactly, for the fp32 validation
   return valid_loss(net, valid);
 }
@@ -121,10 +129,11 @@ int main(int argc, char** argv) {
   const double before = valid_loss(pre, valid);
 
   const auto nearest = mixtrain::amp::WeightUpdate::kNearest, stochastic = mixtrain::amp::WeightUpdate::kStochastic;
-  double lost_nearest = 0, lost_stochastic = 0;
+  double lost_nearest = 0, lost_stochastic = 0, lost_island = 0;
   const double fp32 = fine_tune(start, train, valid, steps, nullptr, nullptr);
   const double bf16_nearest = fine_tune(start, train, valid, steps, &nearest, &lost_nearest);
   const double bf16_stochastic = fine_tune(start, train, valid, steps, &stochastic, &lost_stochastic);
+  const double bf16_island = fine_tune(start, train, valid, steps, &nearest, &lost_island, /*norm_in_fp32=*/true);
   std::printf("validation loss before the fine-tune %.4f; after %d steps: fp32 %.4f, bf16 nearest %.4f (%.1f%% of "
               "its updates rounded to nothing), bf16 stochastic %.4f\n",
               before, steps, fp32, bf16_nearest, 100 * lost_nearest, bf16_stochastic);
@@ -133,6 +142,9 @@ int main(int argc, char** argv) {
   const double share_nearest = (before - bf16_nearest) / progress, share_stochastic = (before - bf16_stochastic) / progress;
   std::printf("of fp32's progress: bf16 nearest %.1f%%, bf16 stochastic %.1f%%\n", 100 * share_nearest,
               100 * share_stochastic);
+  std::printf("bf16 nearest with the LayerNorm kept in fp32 (mixtrain::amp::keep_fp32): %.4f, %.1f%% of fp32's "
+              "progress (%.1f%% of the bf16 weights' updates rounded to nothing)\n",
+              bf16_island, 100 * (before - bf16_island) / progress, 100 * lost_island);
   const bool cured = share_stochastic > 0.95 && share_nearest < 0.8;
   std::printf("stochastic rounding %s the stall\n", cured ? "cures" : "does NOT cure");
   return cured ? 0 : 1;
