@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Checks that the tree keeps its layers (ARCHITECTURE.md): every file in a
 layer's folders includes only headers of its own layer or of layers below it,
-no code outside amp switches on amp's concrete precision callbacks, and the
-default loss scale is written once. Prints one line per breach; exits 1 if any.
+no code outside amp switches on amp's concrete precision callbacks, the
+default loss scale is written once, each public header's source carries its
+name (or the header says it is header-only), and mixtrain.h includes every
+public header that does not forward. Prints one line per breach; exits 1 if any.
 
 Usage: check_layers.py [REPO_ROOT]
 """
@@ -40,6 +42,38 @@ def layer_rank(path):
     return RANK.get(parts[0])
 
 
+def sources_named_after_headers(root):
+    """A public header in a layer's folder is implemented in the source of its own name
+    (include/mixtrain/amp/x.h in src/amp/x.cpp), or says it is header-only, or forwards to
+    another; and mixtrain.h includes every public header that does not forward."""
+    breaches, public = [], []
+    top = os.path.join(root, "include/mixtrain")
+    for dirpath, _, files in os.walk(top):
+        rel_dir = os.path.relpath(dirpath, top)
+        for name in sorted(files):
+            if not name.endswith(".h"):
+                continue
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            text = open(os.path.join(dirpath, name), encoding="utf-8").read()
+            forwards = "this forwarding header goes in" in text
+            if rel_dir == ".":
+                continue  # root files: the umbrella, compat.h, the deprecated aliases and forwarding headers
+            if not forwards:
+                public.append(rel)
+            source = os.path.join(root, "src", rel_dir, name[:-2] + ".cpp")
+            if not forwards and not os.path.exists(source) and not re.search(r"[Hh]eader-only", text):
+                breaches.append(f"include/mixtrain/{rel}: no src/{rel_dir}/{name[:-2]}.cpp (implement it there, or say "
+                                f"'Header-only' in its comment)")
+    umbrella_path = os.path.join(top, "mixtrain.h")
+    if not os.path.exists(umbrella_path):
+        return breaches + ["include/mixtrain/mixtrain.h: missing (the umbrella that includes every public header)"]
+    umbrella = open(umbrella_path, encoding="utf-8").read()
+    for rel in public:
+        if f'"mixtrain/{rel}"' not in umbrella and f"<mixtrain/{rel}>" not in umbrella:
+            breaches.append(f"include/mixtrain/mixtrain.h: does not include mixtrain/{rel}")
+    return breaches
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     breaches = []
@@ -69,6 +103,7 @@ def main():
                         breaches.append(f"{rel}: {LAYER_OF[folder]} includes mixtrain/{inc} from layer {LAYER_OF[inc.split('/')[0]]}")
                 if folder != "amp" and CONCRETE.search(text):
                     breaches.append(f"{rel}: switches on a concrete amp callback; ask PrecisionCallback instead")
+    breaches += sources_named_after_headers(root)
     scale = []
     for base in ("include", "src", "tools", "python"):
         for dirpath, _, files in os.walk(os.path.join(root, base)):

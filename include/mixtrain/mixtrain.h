@@ -10,6 +10,7 @@
 #include "mixtrain/util/phrase.h"
 #include "mixtrain/util/svg_plot.h"
 #include "mixtrain/util/threads.h"
+#include "mixtrain/util/warnings.h"
 
 #include "mixtrain/data/data.h"
 
@@ -29,7 +30,9 @@
 #include "mixtrain/core/metrics.h"
 #include "mixtrain/core/param_groups.h"
 #include "mixtrain/core/precision.h"
+#include "mixtrain/core/optimizers.h"
 #include "mixtrain/core/precision_callback.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/core/recorder.h"
 #include "mixtrain/core/schedule.h"
 
@@ -38,6 +41,7 @@
 #include "mixtrain/callbacks/data_parallel.h"
 #include "mixtrain/callbacks/gan.h"
 #include "mixtrain/callbacks/gradient_accumulation.h"
+#include "mixtrain/callbacks/fault_injection.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/callbacks/progress.h"
 #include "mixtrain/callbacks/stop_on_request.h"
@@ -54,6 +58,7 @@
 #include "mixtrain/amp/op_trace.h"
 #include "mixtrain/amp/precision_callback.h"
 #include "mixtrain/amp/precision_options.h"
+#include "mixtrain/amp/pure_bf16.h"
 #include "mixtrain/amp/reduced_precision_emulation.h"
 #include "mixtrain/amp/unscale.h"
 #include "mixtrain/amp/weight_update.h"
@@ -69,7 +74,9 @@
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/diagnose/plots.h"
 #include "mixtrain/diagnose/scale_analysis.h"
+#include "mixtrain/diagnose/trial_stop.h"
 
+#include "mixtrain/run/branch.h"
 #include "mixtrain/run/commands.h"
 #include "mixtrain/run/learner_builder.h"
 #include "mixtrain/run/model_file.h"

@@ -1,5 +1,5 @@
 // The precision modes' names, and what the Learner reads of its precision
-// callback. Attaching one is amp's (src/amp/precision_modes.cpp).
+// callback. Attaching one is amp's (src/amp/precision_options.cpp).
 #include "mixtrain/core/precision.h"
 #include "mixtrain/core/precision_modes.h"
 
@@ -9,33 +9,6 @@
 
 
 namespace mixtrain {
-
-const std::vector<PrecisionMode>& precision_modes() {
-  using c10::ScalarType;
-  //                                                          compute               scales master pure  doctor warn  islands
-  static const std::vector<PrecisionMode> kModes = {
-      {Precision::kFp32, "fp32", ScalarType::Float, false, false, false, false, false, false},
-      {Precision::kFp16, "fp16", ScalarType::Half, true, false, false, true, true, true},
-      {Precision::kBf16, "bf16", ScalarType::BFloat16, false, false, false, true, false, true},
-      {Precision::kFp16Master, "fp16-master", ScalarType::Half, true, true, false, false, false, true},
-      {Precision::kBf16Master, "bf16-master", ScalarType::BFloat16, true, true, false, false, false, true},
-      {Precision::kBf16Pure, "bf16-pure", ScalarType::BFloat16, false, false, true, true, true, true},
-  };
-  return kModes;
-}
-
-const PrecisionMode& mode_of(Precision precision) {
-  for (const auto& m : precision_modes())
-    if (m.precision == precision) return m;
-  TORCH_INTERNAL_ASSERT(false, "unknown Precision ", static_cast<int>(precision));
-}
-
-std::vector<Precision> modes_where(bool PrecisionMode::*flag) {
-  std::vector<Precision> out;
-  for (const auto& m : precision_modes())
-    if (m.*flag) out.push_back(m.precision);
-  return out;
-}
 
 std::string precision_name(Precision precision) { return mode_of(precision).name; }
 
@@ -82,20 +55,6 @@ Learner& Learner::to_fp32() {
     remove_cb(pc);
   }
   return *this;
-}
-
-std::string lost_updates_meaning(const std::string& rule) {
-  const std::string counted =
-      "fraction: the element updates (nonzero in fp32) that left their bf16 weight unchanged in their own step; "
-      "norm_ratio: |what that step's rounding changed| / |the updates intended|";
-  if (rule == "stochastic")
-    return counted + ". Under stochastic rounding none is lost: each rounds up with a probability in proportion to "
-                     "its size, so the weight takes it in expectation, and a norm_ratio near 1 is that rounding's "
-                     "unbiased noise";
-  if (rule == "kahan")
-    return counted + ". Under Kahan none is lost: the compensation carries what a step's rounding dropped into the "
-                     "next steps";
-  return counted + ". Under nearest rounding these updates are lost for good";
 }
 
 } // namespace mixtrain

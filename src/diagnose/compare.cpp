@@ -589,17 +589,6 @@ void try_fixes(Diagnosis& d, const TrialRunner& runner, const CompareOptions& o,
 
 } // namespace
 
-std::string why_trials_stop(const Trial& trial, double run_bytes, const std::vector<Fix>& waiting) {
-  if (!trial.proven() || waiting.empty() || !std::isfinite(run_bytes) || !std::isfinite(trial.run.bytes_per_param))
-    return {};
-  const bool none_cheaper = std::all_of(waiting.begin(), waiting.end(), [&](const Fix& f) {
-    return run_bytes + f.min_extra_bytes >= trial.run.bytes_per_param - 1e-9;
-  });
-  if (!none_cheaper) return {};
-  return "the proven fix costs " + mixtrain::detail::short_number(trial.run.bytes_per_param, 3) +
-         " bytes a parameter: none of the " + std::to_string(waiting.size()) + " fix(es) still waiting could be cheaper";
-}
-
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   TORCH_CHECK(mode_of(o.precision()).doctor_compares,
               "diagnose::compare: precision must be fp16, bf16 or bf16-pure, got ", precision_name(o.precision()));

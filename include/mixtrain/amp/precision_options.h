@@ -2,7 +2,7 @@
 /// PrecisionOptions: the options of every precision mode, and the glue that
 /// turns a mode into its callback. Learner::set_precision and the fastai-style
 /// one-liners (to_fp16, to_bf16, to_half, to_fp32), declared with the Learner,
-/// are defined here in amp (src/amp/precision_modes.cpp): the Learner's loop
+/// are defined here in amp (src/amp/precision_options.cpp): the Learner's loop
 /// knows only the PrecisionCallback interface.
 ///
 /// Example:

@@ -59,7 +59,7 @@ class PureBf16 : public MixedPrecision {
   Precision precision() const override { return Precision::kBf16Pure; }
   bool pure_weights() const override { return true; }
   std::string mode_tag() const override;
-  std::optional<ParamMemory> param_memory() const override { return memory_; }
+  std::optional<mixtrain::ParamMemory> param_memory() const override { return memory_; }
   std::vector<torch::Tensor> state_tensors() const override;
   std::optional<LostUpdateReport> lost_updates() const override;
   void restart_lost_updates() override;
@@ -112,7 +112,7 @@ class PureBf16 : public MixedPrecision {
   std::vector<LostUpdates> per_epoch_;  // this run's epochs
   LostUpdates epoch_now_;
   bool resumed_ = false;  // load_state restored the counts: the next fit goes on with them
-  std::optional<ParamMemory> memory_;
+  std::optional<mixtrain::ParamMemory> memory_;
   bool bf16_storage_ = false;  // the trained weights are bf16 tensors now
   bool fit_on_bf16_ = false;   // the last fit's were
 };

@@ -3,6 +3,7 @@
 /// the paths a user hopes never to see (an overflow, an interrupt, a crashed
 /// rank) run deterministically in tests and behind the CLI's hidden flags.
 /// Not for training.
+/// Header-only: each callback is a few lines, inlined where it is added.
 
 #include "mixtrain/core/callback.h"
 #include "mixtrain/core/learner.h"

@@ -4,6 +4,7 @@
 /// weights of the last whole step. Training runs stop through the Checkpointer
 /// instead (it saves first); this is for the runs that keep nothing: the doctor's
 /// and lr_find's.
+/// Header-only: each callback is a few lines, inlined where it is added.
 
 #include "mixtrain/core/callback.h"
 

@@ -1,0 +1,20 @@
+// The op tracer's scope (mixtrain/amp/op_trace.h): installs an observer on the dispatcher
+// mode (dispatch_mode.cpp calls it for every op while the scope lives).
+#include "mixtrain/amp/op_trace.h"
+
+#include "dispatch_mode.h"
+
+#include <memory>
+
+namespace mixtrain::amp {
+
+OpTraceScope::OpTraceScope(OpObserver* observer)
+    : previous_(detail::set_op_observer(observer)),
+      mode_(std::make_shared<detail::DispatchModeGuard>(detail::Mode::kOpTrace)) {}
+
+OpTraceScope::~OpTraceScope() {
+  mode_.reset();
+  detail::set_op_observer(previous_);
+}
+
+} // namespace mixtrain::amp
