@@ -14,23 +14,11 @@ import torch
 import torch.nn as nn
 
 import mixtrain
+from bench_models import Encoder  # the small transformer classifier
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 torch.manual_seed(0)
-
-
-class Encoder(nn.Module):
-    def __init__(self, d=256, layers=2):
-        super().__init__()
-        self.emb = nn.Embedding(64, d)
-        self.blocks = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True),
-                                            layers)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, 8)
-
-    def forward(self, x):
-        return self.head(self.norm(self.blocks(self.emb(x))).mean(1))
 
 
 x = torch.randint(0, 64, (steps, 32, 64))

@@ -54,6 +54,12 @@ def _check_params(groups, weight_update):
                                  "train fp32 parameters under torch.autocast with a GradScaler)" % weight_update)
 
 
+def _hyper(group):
+    """A param group's hyper-parameters as the core reads them: numbers (torch allows a tensor lr)."""
+    return {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+            for k, v in group.items() if k not in ("params", "param_names")}
+
+
 _STREAM_PRIME = 0x100000001B3  # amp::stochastic_stream: one stream per parameter and step
 _U64 = (1 << 64) - 1
 
@@ -119,9 +125,7 @@ class _RoundedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             kind = self._kind_of(group)
-            # The hyper-parameters as numbers (torch allows a tensor lr).
-            hyper = {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
-                     for k, v in group.items() if k not in ("params", "param_names")}
+            hyper = _hyper(group)
             for p in group["params"]:
                 if p.grad is None:
                     continue

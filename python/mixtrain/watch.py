@@ -36,8 +36,6 @@ _LOST_MOST = 0.75  # three quarters of the element updates rounded away: the loo
 _SKIP_MOST = 0.5  # the doctor's kSkipRateMost: half the steps skipped once the scale settled
 _DOCTOR_STEPS = 50
 
-_KINDS = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd",
-          torch.optim.RMSprop: "rmsprop", torch.optim.Adagrad: "adagrad"}
 _CORE_CLASS = {"adamw": _optim.Adam, "adam": _optim.Adam, "sgd": _optim.SGD, "rmsprop": _optim.RMSprop,
                "adagrad": _optim.Adagrad}
 
@@ -99,8 +97,9 @@ class Watch:
                 raise ValueError("this %s is watched already: close() the first watch before watching it again" % what)
         self.model, self.optimizer, self.every = model, optimizer, every
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        from . import _LOOP_OPTIMIZERS  # the doctor's names for the optimizers the core steps
         self._ours = isinstance(optimizer, _optim._RoundedOptimizer)
-        self._kind = None if self._ours else _KINDS.get(type(optimizer))
+        self._kind = None if self._ours else _LOOP_OPTIMIZERS.get(type(optimizer))
         if self._kind == "adam" and any(g.get("decoupled_weight_decay") for g in optimizer.param_groups):
             self._kind = "adamw"
         self._names = {}
@@ -236,8 +235,7 @@ class Watch:
         from . import _native
         core = _CORE_CLASS[self._kind]
         for group in self.optimizer.param_groups:
-            hyper = {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
-                     for k, v in group.items() if k not in ("params", "param_names")}
+            hyper = _optim._hyper(group)
             for p in group["params"]:
                 if p.grad is None or p.dtype not in (torch.bfloat16, torch.float16) or p.grad.is_sparse:
                     continue

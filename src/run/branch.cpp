@@ -839,6 +839,7 @@ int64_t loop_step(const LoopState& loop) {
 void load_loop_state(Learner& learn, const LoopState& loop) {
   torch::optim::Optimizer& opt = learn.opt();
   const auto params = params_by_name(learn.model().module());
+  auto* rounded = dynamic_cast<mixtrain::optim::RoundedSteps*>(&opt);  // mixtrain.optim's rounding state, if ours
   for (const auto& [name, st] : loop.state) {
     const auto p = params.find(name);
     if (p == params.end()) throw OptionError("optimizer", Phrase("the optimizer holds state for " + name + ", which the model does not have"));
@@ -846,7 +847,6 @@ void load_loop_state(Learner& learn, const LoopState& loop) {
     // mixtrain.optim's Kahan compensation ("kahan_comp", a bf16 tensor): the window carries
     // on with what the loop's rounding had kept back, as a resume would.
     const auto comp = st.find("kahan_comp");
-    auto* rounded = dynamic_cast<mixtrain::optim::RoundedSteps*>(&opt);
     if (rounded && comp != st.end() && comp->second.defined()) {
       TORCH_CHECK(comp->second.sizes() == p->second.sizes(), "the optimizer's kahan_comp of ", name, " has shape ",
                   comp->second.sizes(), ", the parameter ", p->second.sizes());
@@ -855,8 +855,7 @@ void load_loop_state(Learner& learn, const LoopState& loop) {
   }
   // mixtrain.optim draws each stochastic rounding from (step, parameter index): the
   // window goes on from the loop's count, as the loop's optimizer (or the cure's) would.
-  if (auto* rounded = dynamic_cast<mixtrain::optim::RoundedSteps*>(&opt); rounded && loop_step(loop) > 0)
-    rounded->set_steps_taken(loop_step(loop));
+  if (const int64_t step = loop_step(loop); rounded && step > 0) rounded->set_steps_taken(step);
 }
 
 } // namespace
