@@ -19,6 +19,7 @@
 #include <mixtrain/optim/update_rule.h>
 #include <mixtrain/diagnose/diagnosis.h>
 #include <mixtrain/diagnose/plots.h>
+#include <mixtrain/diagnose/watch.h>
 
 #include <atomic>
 #include <csignal>
@@ -396,6 +397,38 @@ PYBIND11_MODULE(_native, m) {
         return diagnose::scale_history_svg(run);
       },
       py::arg("scales"), py::arg("skipped"), py::arg("precision"));
+  // mixtrain.watch's verdict: the rule diagnose::Watch uses, over what the Python watch read.
+  m.def(
+      "judge_watch",
+      [](int64_t steps, int64_t every, std::optional<double> initial_scale, const std::vector<double>& scales,
+         const std::vector<std::pair<int64_t, std::vector<std::tuple<std::string, double, double>>>>& ranges,
+         const std::vector<std::pair<int64_t, std::vector<std::string>>>& nonfinite_grads,
+         const std::vector<std::tuple<std::string, int64_t, int64_t>>& lost, const std::string& weight_update,
+         const std::string& lost_counted) {
+        diagnose::WatchEvidence e;
+        e.steps = steps;
+        e.every = every;
+        if (initial_scale) e.initial_scale = *initial_scale;
+        e.scales = scales;
+        for (const auto& [step, modules] : ranges) {
+          diagnose::WatchEvidence::Sample sample{step, {}};
+          for (const auto& [name, largest, limit] : modules) sample.modules.push_back({name, largest, limit});
+          e.ranges.push_back(std::move(sample));
+        }
+        for (const auto& [step, params] : nonfinite_grads) e.nonfinite_grads.push_back({step, params});
+        for (const auto& [param, intended, n] : lost) e.lost.push_back({param, intended, n});
+        e.weight_update = weight_update;
+        e.lost_counted = lost_counted;
+        const diagnose::WatchReport r = diagnose::judge_watch(e);
+        const diagnose::WatchSkips skips = diagnose::watch_skips(e);
+        py::list cure;
+        for (const auto& s : r.cure) cure.append(py::dict(py::arg("key") = s.key, py::arg("value") = s.value));
+        return py::dict(py::arg("verdict") = r.verdict, py::arg("evidence") = r.evidence, py::arg("cure") = cure,
+                        py::arg("skipped_steps") = skips.steps, py::arg("settling") = skips.settling,
+                        py::arg("doctor_steps") = diagnose::kWatchDoctorSteps);
+      },
+      py::arg("steps"), py::arg("every"), py::arg("initial_scale"), py::arg("scales"), py::arg("ranges"),
+      py::arg("nonfinite_grads"), py::arg("lost"), py::arg("weight_update"), py::arg("lost_counted"));
   m.def("update_parameter", &update_parameter, py::arg("kind"), py::arg("param"), py::arg("grad"), py::arg("state"),
         py::arg("hyper"), py::arg("step"), py::arg("fresh_momentum"), py::arg("weight_update"), py::arg("compensation"),
         py::arg("seed"), py::arg("stream"));

@@ -75,6 +75,7 @@
 #include "mixtrain/diagnose/plots.h"
 #include "mixtrain/diagnose/scale_analysis.h"
 #include "mixtrain/diagnose/trial_stop.h"
+#include "mixtrain/diagnose/watch.h"
 
 #include "mixtrain/run/branch.h"
 #include "mixtrain/run/commands.h"

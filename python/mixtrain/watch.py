@@ -11,6 +11,8 @@ What it sees, and what it costs:
 - the loss scale after every ``scaler.update()``, copied on the device into a buffer that is
   read once every ``every`` steps (no host read per step); a skipped step is a step whose
   update backed the scale off;
+- on each of the first 8 steps the scaler skipped (the optimizer's post-hook never ran: known
+  with no read), the parameters whose gradients are not finite, flagged on the device;
 - on one step in ``every`` (the sampled step): each module's largest ``|output|`` (forward hooks
   that exist only on that step) against the largest finite value of the dtype it computes in
   (fp16's 65504, under fp16 autocast for fp32 outputs too), the parameters whose gradients are
@@ -19,9 +21,11 @@ What it sees, and what it costs:
   optimizer core (on copies), rounded to nearest into the parameter's dtype, not a weight diff;
 - under ``mixtrain.optim`` the lost-update count of every step, exact, from its update pass.
 
+The verdict is mixtrain's one rule (C++ ``diagnose::judge_watch``, which the libtorch
+``diagnose::Watch`` asks too): the thresholds and the evidence's words live there.
+
 The watch never changes what the loop computes: the weights are bitwise those of the loop
 unwatched (tested)."""
-import math
 import warnings
 import weakref
 
@@ -31,17 +35,11 @@ from . import optim as _optim
 
 __all__ = ["watch", "Watch", "WatchReport"]
 
-_NEAR_MAX = 0.25  # an output within 4x of its dtype's largest finite value is about to overflow
-_LOST_MOST = 0.75  # three quarters of the element updates rounded away: the loop barely learns
-_SKIP_MOST = 0.5  # the doctor's kSkipRateMost: half the steps skipped once the scale settled
-_DOCTOR_STEPS = 50
+
+_OVERFLOW_STEPS_NOTED = 8  # diagnose::kWatchedOverflowSteps: the first overflowing steps' gradients are named
 
 _CORE_CLASS = {"adamw": _optim.Adam, "adam": _optim.Adam, "sgd": _optim.SGD, "rmsprop": _optim.RMSprop,
                "adagrad": _optim.Adagrad}
-
-
-def _short(x):
-    return "%.4g" % x
 
 
 class WatchReport:
@@ -118,13 +116,16 @@ class Watch:
         self._sampled = False  # whether the running step is a sampled one
         self._pending_ranges = []  # this sampled step's, on the device
         self._nonfinite_grads = []  # [(step, [names])]
-        self._pending_nonfinite = None
+        self._pending_nonfinite = []  # [(step, names, flags on the device)], read with the block
+        self._stepped = False  # the optimizer stepped since the last update (else the scaler skipped it)
+        self._overflow_steps_noted = 0
         self._lost = {}  # name -> [intended, lost]
         self._lost_steps = 0
         self._ours_before = None
         self._losses = None  # [sum, count, nonfinite] on the device, from w.loss()
         self._warned = False
         self._report = None
+        self._skipped, self._settling = [], 0  # the skipped steps, as the last verdict read them
         self._closed = False
         self._hooks = [optimizer.register_step_pre_hook(self._before_step),
                        optimizer.register_step_post_hook(self._after_step)]
@@ -156,6 +157,7 @@ class Watch:
             self._count_lost_updates()
 
     def _after_step(self, optimizer, args, kwargs):
+        self._stepped = True
         if self._ours and self._ours_before is not None:
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -175,7 +177,10 @@ class Watch:
             self._end_step()
 
     def _update(self, new_scale=None):
-        if self._sampled:
+        # A step the scaler skipped never reached the optimizer's post-hook: known with no read.
+        skipped, self._stepped = not self._stepped, False
+        if self._sampled or (skipped and self._overflow_steps_noted < _OVERFLOW_STEPS_NOTED):
+            self._overflow_steps_noted += skipped
             self._note_nonfinite_grads()
         self._scaler_update(new_scale)
         scale = getattr(self.scaler, "_scale", None)
@@ -226,7 +231,7 @@ class Watch:
         named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
         if named:
             flags = torch.stack([(~torch.isfinite(p.grad)).any() for _, p in named])
-            self._pending_nonfinite = (self._steps, [n for n, _ in named], flags)
+            self._pending_nonfinite.append((self._steps, [n for n, _ in named], flags))
 
     def _count_lost_updates(self):
         """This step's torch.optim update, computed in fp32 from the optimizer's own state by
@@ -264,12 +269,14 @@ class Watch:
             if ranges and isinstance(ranges[0][1], torch.Tensor):
                 values = torch.stack([r[1] for r in ranges]).tolist()
                 self._ranges[i] = (step, [(r[0], v, r[2]) for r, v in zip(ranges, values)])
-        if self._pending_nonfinite is not None:
-            step, names, flags = self._pending_nonfinite
-            bad = [n for n, f in zip(names, flags.tolist()) if f]
-            if bad:
-                self._nonfinite_grads.append((step, bad))
-            self._pending_nonfinite = None
+        if self._pending_nonfinite:
+            flags = torch.cat([f for _, _, f in self._pending_nonfinite]).tolist()  # one read for the block
+            for step, names, _ in self._pending_nonfinite:
+                bad = [n for n, f in zip(names, flags[:len(names)]) if f]
+                flags = flags[len(names):]
+                if bad:
+                    self._nonfinite_grads.append((step, bad))
+            self._pending_nonfinite = []
         self._report = self._judge()
         if self._report.verdict != "healthy" and not self._warned:
             self._warned = True
@@ -279,77 +286,27 @@ class Watch:
                 message += "; try: " + self._report.cure[0]
             warnings.warn(message, MixtrainWarning, stacklevel=2)
 
-    def _skips(self):
-        """The steps whose update backed the scale off, and how many skipped while it settled."""
-        skipped, previous = [], self._initial_scale
-        for i, s in enumerate(self._scales):
-            if previous is not None and s < previous:
-                skipped.append(i)
-            previous = s
-        settling = 0
-        while settling < len(skipped) and skipped[settling] == settling:
-            settling += 1
-        return skipped, settling
-
     def _judge(self):
-        from . import _loop_lines
-        call = "mixtrain.doctor(model, data, optimizer=opt%s, steps=%d)" % (
-            ", scaler=scaler" if self.scaler is not None else "", _DOCTOR_STEPS)
-        # forward_overflow: the first module, in forward order, on the first sampled step where one came near.
-        for step, ranges in self._ranges:
-            for name, value, limit in ranges:
-                if isinstance(value, float) and not (value < _NEAR_MAX * limit):
-                    what = "overflowed (not finite)" if not math.isfinite(value) else \
-                        "reached %s, %.0f%% of" % (_short(value), 100 * value / limit)
-                    evidence = ["module %s's output %s its dtype's largest value %s on step %d (sampled every %d "
-                                "steps; the first module in forward order to come within 4x)" % (
-                                    name, what, _short(limit), step, self.every)]
-                    return WatchReport("forward_overflow", evidence + self._scale_evidence(),
-                                       _loop_lines([{"key": "keep_fp32", "value": name}]) or [], call, self._steps)
-        skipped, settling = self._skips()
-        if self._scales:
-            after = len(self._scales) - settling
-            rate = (len(skipped) - settling) / after if after > 0 else 0.0
-            collapsed = min(self._scales) <= 1.0 and min(self._scales) < (self._initial_scale or math.inf)
-            if collapsed or (after >= 8 and rate >= _SKIP_MOST):
-                evidence = self._scale_evidence()
-                if collapsed:
-                    evidence.insert(0, "the loss scale collapsed: repeated back-off from %s down to %s" % (
-                        _short(self._initial_scale), _short(min(self._scales))))
-                for step, names in self._nonfinite_grads[:1]:
-                    evidence.append("gradients not finite on sampled step %d in: %s" % (step, ", ".join(names[:5])))
-                cure = (_loop_lines([{"key": "clip", "value": "1"}]) or []) + \
-                    (_loop_lines([{"key": "precision", "value": "bf16"}]) or [])
-                return WatchReport("gradient_overflow", evidence, cure, call, self._steps)
-        intended = sum(c[0] for c in self._lost.values())
-        lost = sum(c[1] for c in self._lost.values())
-        rule = self.optimizer.weight_update if self._ours else "nearest"
-        if intended and rule == "nearest" and lost / intended >= _LOST_MOST:
-            worst = sorted(((c[1] / c[0], name) for name, c in self._lost.items() if c[0]), reverse=True)[:5]
+        """The verdict by mixtrain's one rule (diagnose::judge_watch, which the C++ Watch asks
+        too), over what the watch has read; the cure in this loop's lines."""
+        from . import _loop_lines, _native
+        ranges = [(step, [(n, v, limit) for n, v, limit in r]) for step, r in self._ranges
+                  if not r or isinstance(r[0][1], float)]
+        counted = ""
+        if self._lost:
             counted = ("every step, exact, from mixtrain.optim's update pass" if self._ours else
                        "on %d sampled step%s: the update computed in fp32 from the optimizer's own state, rounded "
                        "to nearest into the weight's dtype" % (self._lost_steps, "" if self._lost_steps == 1 else "s"))
-            evidence = ["%.1f%% of the 16-bit weights' element updates rounded to no change (%s)" % (
-                100.0 * lost / intended, counted),
-                "most lost: " + ", ".join("%s %.0f%%" % (name, 100 * share) for share, name in worst)]
-            return WatchReport("lost_updates", evidence,
-                               _loop_lines([{"key": "weight_update", "value": "stochastic"}], ours=self._ours) or [],
-                               call, self._steps)
-        evidence = self._scale_evidence()
-        if intended:
-            evidence.append("%.1f%% of the 16-bit weights' element updates rounded to no change (%s)" % (
-                100.0 * lost / intended, "rule %r" % rule))
-        peak = max((v for _, ranges in self._ranges for _, v, _ in ranges if isinstance(v, float)), default=None)
-        if peak is not None:
-            evidence.append("largest module output on the sampled steps: %s" % _short(peak))
-        return WatchReport("healthy", evidence, [], None, self._steps)
-
-    def _scale_evidence(self):
-        if not self._scales:
-            return []
-        skipped, settling = self._skips()
-        return ["%d of %d steps skipped (%d while the scale settled from %s); loss scale now %s" % (
-            len(skipped), len(self._scales), settling, _short(self._initial_scale), _short(self._scales[-1]))]
+        judged = _native.judge_watch(self._steps, self.every, self._initial_scale, self._scales, ranges,
+                                     self._nonfinite_grads, [(n, c[0], c[1]) for n, c in self._lost.items()],
+                                     self.optimizer.weight_update if self._ours else "nearest", counted)
+        self._skipped, self._settling = judged["skipped_steps"], judged["settling"]
+        cure = [line for setting in judged["cure"] for line in (_loop_lines([setting], ours=self._ours) or [])]
+        call = None
+        if judged["verdict"] != "healthy":
+            call = "mixtrain.doctor(model, data, optimizer=opt%s, steps=%d)" % (
+                ", scaler=scaler" if self.scaler is not None else "", judged["doctor_steps"])
+        return WatchReport(judged["verdict"], judged["evidence"], cure, call, self._steps)
 
     # ---- what the user reads
 
@@ -363,9 +320,8 @@ class Watch:
         """The raw series: the scale after each step, the skipped steps, each sampled step's
         module ranges, the non-finite gradients seen, and the lost-update counts per parameter."""
         report = self.report()
-        skipped, settling = self._skips()
         out = dict(steps=self._steps, every=self.every, verdict=report.verdict, scales=list(self._scales),
-                   initial_scale=self._initial_scale, skipped_steps=skipped, settling_skips=settling,
+                   initial_scale=self._initial_scale, skipped_steps=list(self._skipped), settling_skips=self._settling,
                    module_ranges=[dict(step=s, ranges={n: v for n, v, _ in r}) for s, r in self._ranges
                                   if not r or isinstance(r[0][1], float)],
                    nonfinite_gradients=[dict(step=s, params=n) for s, n in self._nonfinite_grads],
@@ -383,7 +339,7 @@ class Watch:
         if not self._scales:
             return None
         from . import _native
-        skipped = set(self._skips()[0])
+        skipped = set(self._skipped)
         return _Svg(_native.scale_history_svg(list(self._scales), [i in skipped for i in range(len(self._scales))],
                                               "fp16, watched"))
 

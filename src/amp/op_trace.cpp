@@ -8,6 +8,11 @@
 
 namespace mixtrain::amp {
 
+bool is_cast_or_view(const std::string& name) {
+  return name == "aten::to" || name == "aten::_to_copy" || name == "aten::t" || name == "aten::view" ||
+         name == "aten::reshape" || name == "aten::contiguous" || name == "aten::transpose";
+}
+
 OpTraceScope::OpTraceScope(OpObserver* observer)
     : previous_(detail::set_op_observer(observer)),
       mode_(std::make_shared<detail::DispatchModeGuard>(detail::Mode::kOpTrace)) {}

@@ -31,11 +31,6 @@ namespace {
 
 /// Ops that only move or reinterpret data: they carry a parameter's identity
 /// (autocast's cast of a weight) and an activation's dtype without computing.
-bool is_cast_or_view(const std::string& name) {
-  return name == "aten::to" || name == "aten::_to_copy" || name == "aten::t" || name == "aten::view" ||
-         name == "aten::reshape" || name == "aten::contiguous" || name == "aten::transpose";
-}
-
 struct OutputStats {
   double max_abs = 0;
   int64_t nonfinite = 0;
@@ -84,7 +79,7 @@ class Tracer : public amp::OpObserver {
     for (const auto& v : inputs)
       if (v.isDouble() && !std::isfinite(v.toDouble())) inputs_finite = false;
 
-    if (is_cast_or_view(name) && !module.empty()) {
+    if (amp::is_cast_or_view(name) && !module.empty()) {
       // autocast's fp16 copy of a weight (or a view of one) still belongs to its module.
       amp::for_each_tensor(results, [&](const torch::Tensor& t) { remember_owner(t, module); });
       return;

@@ -115,6 +115,9 @@ def test_a_collapsing_loss_scale_is_gradient_overflow_with_its_history():
     raw = w.to_dict()
     assert len(raw["scales"]) == 40 and raw["scales"][0] == 32768.0 and raw["scales"][-1] < 1
     assert raw["skipped_steps"] == list(range(40))
+    # Every overflowing step's gradients are checked (the first 8), and the sampled steps' too.
+    assert [g["step"] for g in raw["nonfinite_gradients"]] == list(range(8)) + [10, 20, 30]
+    assert "head.weight" in raw["nonfinite_gradients"][3]["params"]
     assert any(line.startswith("scaler.unscale_(opt); torch.nn.utils.clip_grad_norm_") for line in report.cure)
     chart = w.plot()  # the doctor's scale chart, every step marked skipped
     assert chart.startswith("<svg") and "skipped step (40)" in chart and chart._repr_svg_() == chart

@@ -26,6 +26,10 @@ enum class AutocastList {
 /// The list `op_name` ("aten::addmm") is on.
 AutocastList autocast_list(const std::string& op_name);
 
+/// Whether `op_name` only casts or views its input (autocast's fp16 copy of a weight, a
+/// transpose): an observer counts its result as the input's (its module's), not as an output.
+bool is_cast_or_view(const std::string& op_name);
+
 /// Calls `fn` on every defined tensor among an op's values: tensors, tensor
 /// lists, and optional-tensor lists (Tensor?[], index's indices).
 template <typename F>
