@@ -429,6 +429,16 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("steps"), py::arg("every"), py::arg("initial_scale"), py::arg("scales"), py::arg("ranges"),
       py::arg("nonfinite_grads"), py::arg("lost"), py::arg("weight_update"), py::arg("lost_counted"));
+  // mixtrain.watch's module ranges for a TorchScript model (its submodules take no forward hooks).
+  py::class_<diagnose::ModuleRangeTracer>(m, "ModuleRangeTracer")
+      .def(py::init<const std::vector<std::pair<std::string, torch::Tensor>>&>(), py::arg("named_params"))
+      .def("start", &diagnose::ModuleRangeTracer::start)
+      .def("running", &diagnose::ModuleRangeTracer::running)
+      .def("stop", [](diagnose::ModuleRangeTracer& tracer) {
+        py::list out;
+        for (const auto& r : tracer.stop()) out.append(py::make_tuple(r.module, r.largest, r.limit));
+        return out;
+      });
   m.def("update_parameter", &update_parameter, py::arg("kind"), py::arg("param"), py::arg("grad"), py::arg("state"),
         py::arg("hyper"), py::arg("step"), py::arg("fresh_momentum"), py::arg("weight_update"), py::arg("compensation"),
         py::arg("seed"), py::arg("stream"));

@@ -113,6 +113,12 @@ class Watch:
             self._initial_scale = float(current) if current is not None else float(self.scaler._init_scale)
         self._ranges = []  # [(step, [(module, largest |output|, limit)])], sampled steps, forward order
         self._range_hooks = []
+        # A TorchScript module runs its submodules without their forward hooks (and refuses
+        # them): the op tracer sees its module calls instead, in C++.
+        self._tracer = None
+        if any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
+            from . import _native
+            self._tracer = _native.ModuleRangeTracer(list(model.named_parameters()))
         self._sampled = False  # whether the running step is a sampled one
         self._pending_ranges = []  # this sampled step's, on the device
         self._nonfinite_grads = []  # [(step, [names])]
@@ -204,6 +210,9 @@ class Watch:
 
     def _sample(self):
         self._sampled = True
+        if self._tracer is not None:
+            self._tracer.start()
+            return
 
         def hook_for(name):
             def hook(module, inputs, output):
@@ -220,6 +229,8 @@ class Watch:
 
     def _unsample(self):
         self._sampled = False
+        if self._tracer is not None and self._tracer.running():
+            self._pending_ranges = list(self._tracer.stop())
         for h in self._range_hooks:
             h.remove()
         self._range_hooks = []
@@ -362,6 +373,8 @@ class Watch:
 
     def _unsample_without_keeping(self):
         self._sampled = False
+        if self._tracer is not None:
+            self._tracer.stop()
         for h in self._range_hooks:
             h.remove()
         self._range_hooks = []

@@ -9,8 +9,12 @@
 namespace mixtrain::amp {
 
 bool is_cast_or_view(const std::string& name) {
+  // TorchScript's autocast casts with its own two ops, and its profiling executor detaches
+  // the parameters it reads.
   return name == "aten::to" || name == "aten::_to_copy" || name == "aten::t" || name == "aten::view" ||
-         name == "aten::reshape" || name == "aten::contiguous" || name == "aten::transpose";
+         name == "aten::reshape" || name == "aten::contiguous" || name == "aten::transpose" ||
+         name == "aten::_autocast_to_reduced_precision" || name == "aten::_autocast_to_full_precision" ||
+         name == "aten::detach" || name == "aten::alias";
 }
 
 OpTraceScope::OpTraceScope(OpObserver* observer)

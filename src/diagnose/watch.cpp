@@ -185,26 +185,31 @@ double limit_of(const torch::Tensor& t, bool ran_reduced) {
   return 0;
 }
 
-/// On a sampled step, each module's largest |output|, kept on the device. Backward ops (run
-/// with grad mode off) are not the module's activations and are not counted.
-class RangeObserver : public amp::OpObserver {
- public:
-  explicit RangeObserver(const std::unordered_map<const void*, std::string>& owners) : owners_(owners) {}
+} // namespace
+
+struct ModuleRangeTracer::Observer : amp::OpObserver {
+  std::unordered_map<const void*, std::string> owners;  // parameter -> its module's path
+  std::vector<torch::Tensor> params;                     // alive, so their addresses stay theirs
+  std::unordered_map<const void*, std::string> casts;    // this run's casts of parameters
+  std::vector<torch::Tensor> keep;
+  std::unordered_map<std::string, size_t> index;
+  std::vector<Range> modules;
+  std::unique_ptr<amp::OpTraceScope> scope;
 
   void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs,
              c10::ArrayRef<c10::IValue> results, bool ran_reduced) override {
-    if (!at::GradMode::is_enabled()) return;
+    if (!at::GradMode::is_enabled()) return;  // backward: gradients, not the module's activations
     std::string owner;  // the module whose parameter (or a cast of one) the op reads
     amp::for_each_tensor(inputs, [&](const torch::Tensor& t) {
       if (!owner.empty()) return;
-      if (auto it = owners_.find(t.unsafeGetTensorImpl()); it != owners_.end()) owner = it->second;
-      else if (auto cast = casts_.find(t.unsafeGetTensorImpl()); cast != casts_.end()) owner = cast->second;
+      if (auto it = owners.find(t.unsafeGetTensorImpl()); it != owners.end()) owner = it->second;
+      else if (auto cast = casts.find(t.unsafeGetTensorImpl()); cast != casts.end()) owner = cast->second;
     });
     if (!owner.empty() && amp::is_cast_or_view(name)) {
       // autocast's fp16 copy of a weight (or its transpose) still belongs to its module.
       amp::for_each_tensor(results, [&](const torch::Tensor& t) {
-        casts_[t.unsafeGetTensorImpl()] = owner;
-        keep_.push_back(t);
+        casts[t.unsafeGetTensorImpl()] = owner;
+        keep.push_back(t);
       });
       return;
     }
@@ -217,36 +222,44 @@ class RangeObserver : public amp::OpObserver {
       if (limit == 0) return;
       torch::NoGradGuard no_grad;
       const torch::Tensor largest = t.detach().abs().amax().to(torch::kFloat);
-      auto [it, fresh] = index_.emplace(module, modules_.size());
+      auto [it, fresh] = index.emplace(module, modules.size());
       if (fresh) {
-        modules_.push_back({module, largest, limit});
+        modules.push_back({module, largest, limit});
       } else {
-        Entry& e = modules_[it->second];
-        e.largest = torch::maximum(e.largest, largest);  // NaN stays NaN
-        e.limit = std::min(e.limit, limit);
+        Range& r = modules[it->second];
+        r.largest = torch::maximum(r.largest, largest);  // NaN stays NaN
+        r.limit = std::min(r.limit, limit);
       }
     });
   }
-
-  struct Entry {
-    std::string module;
-    torch::Tensor largest;
-    double limit;
-  };
-  std::vector<Entry> take() {
-    index_.clear();
-    return std::move(modules_);
-  }
-
- private:
-  const std::unordered_map<const void*, std::string>& owners_;
-  std::unordered_map<const void*, std::string> casts_;  // this step's casts of parameters
-  std::vector<torch::Tensor> keep_;                       // alive, so their addresses stay theirs
-  std::unordered_map<std::string, size_t> index_;
-  std::vector<Entry> modules_;
 };
 
-} // namespace
+ModuleRangeTracer::ModuleRangeTracer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params)
+    : observer_(std::make_unique<Observer>()) {
+  for (const auto& [name, p] : named_params) {
+    const auto dot = name.rfind('.');
+    observer_->owners.emplace(p.unsafeGetTensorImpl(), dot == std::string::npos ? "" : name.substr(0, dot));
+    observer_->params.push_back(p);
+  }
+}
+
+ModuleRangeTracer::~ModuleRangeTracer() = default;
+
+void ModuleRangeTracer::start() {
+  if (!observer_->scope) observer_->scope = std::make_unique<amp::OpTraceScope>(observer_.get());
+}
+
+bool ModuleRangeTracer::running() const { return observer_->scope != nullptr; }
+
+std::vector<ModuleRangeTracer::Range> ModuleRangeTracer::stop() {
+  observer_->scope.reset();
+  observer_->casts.clear();
+  observer_->keep.clear();
+  observer_->index.clear();
+  std::vector<Range> out;
+  out.swap(observer_->modules);
+  return out;
+}
 
 struct Watch::State {
   torch::nn::Module& model;
@@ -254,7 +267,6 @@ struct Watch::State {
   amp::GradScaler* scaler;
   int64_t every;
   optim::RoundedSteps* ours;
-  std::unordered_map<const void*, std::string> owners;      // parameter -> its module's path
   std::vector<std::pair<std::string, torch::Tensor>> named;  // trainable parameters
   std::vector<std::string> optimizer_names;                  // the optimizer's parameters, in its order
   std::vector<amp::LostUpdates> lost_before;                 // ours: the counts at the last step
@@ -263,7 +275,7 @@ struct Watch::State {
   // What the device holds until the block's read.
   struct PendingSample {
     int64_t step;
-    std::vector<RangeObserver::Entry> modules;
+    std::vector<ModuleRangeTracer::Range> modules;
   };
   std::vector<PendingSample> samples;
   struct PendingGrads {
@@ -273,23 +285,17 @@ struct Watch::State {
   };
   std::vector<PendingGrads> grads;
   int64_t overflow_steps_noted = 0;
-  std::unique_ptr<RangeObserver> observer;
-  std::unique_ptr<amp::OpTraceScope> tracing;
+  std::unique_ptr<ModuleRangeTracer> ranges;  // on a sampled step
   WatchReport report;
   bool read_once = false, warned = false, closed = false;
 
   State(torch::nn::Module& m, torch::optim::Optimizer& o, amp::GradScaler* s, int64_t n)
       : model(m), optimizer(o), scaler(s), every(n), ours(dynamic_cast<optim::RoundedSteps*>(&o)) {}
 
-  void arm() {
-    observer = std::make_unique<RangeObserver>(owners);
-    tracing = std::make_unique<amp::OpTraceScope>(observer.get());
-  }
+  void arm() { ranges->start(); }
   void disarm(bool keep) {
-    if (!tracing) return;
-    tracing.reset();
-    auto modules = observer->take();
-    observer.reset();
+    if (!ranges->running()) return;
+    auto modules = ranges->stop();
     if (keep) samples.push_back({evidence.steps, std::move(modules)});
   }
 
@@ -368,9 +374,9 @@ Watch::Watch(torch::nn::Module& model, torch::optim::Optimizer& optimizer, amp::
   check_option(options.every() >= 1, "every", options.every(), "must be >= 1 (one step in every N is sampled and read)");
   auto state = std::make_unique<State>(model, optimizer, scaler, options.every());
   std::unordered_map<const void*, std::string> names;
+  std::vector<std::pair<std::string, torch::Tensor>> all;
   for (const auto& kv : model.named_parameters(/*recurse=*/true)) {
-    const auto dot = kv.key().rfind('.');
-    state->owners.emplace(kv.value().unsafeGetTensorImpl(), dot == std::string::npos ? "" : kv.key().substr(0, dot));
+    all.emplace_back(kv.key(), kv.value());
     names.emplace(kv.value().unsafeGetTensorImpl(), kv.key());
     if (kv.value().requires_grad()) state->named.emplace_back(kv.key(), kv.value());
   }
@@ -385,6 +391,7 @@ Watch::Watch(torch::nn::Module& model, torch::optim::Optimizer& optimizer, amp::
     if (!watched_models().insert(&model).second)
       throw OptionError("model", Phrase("this model is watched already: close() the first watch before watching it again"));
   }
+  state->ranges = std::make_unique<ModuleRangeTracer>(all);
   auto& e = state->evidence;
   e.every = options.every();
   if (scaler && scaler->is_enabled()) e.initial_scale = scaler->get_scale();

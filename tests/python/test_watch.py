@@ -91,6 +91,31 @@ def test_an_activation_drifting_to_fp16s_max_is_forward_overflow_at_its_module_b
     assert len(said) == 1 and said[0].startswith("mixtrain.watch: forward_overflow: module proj's output")
 
 
+def test_a_torchscript_model_is_watched_through_its_ops_at_the_same_module_and_step():
+    """A ScriptModule's submodules take no forward hooks (torch refuses them): the op tracer sees
+    the ops each module's parameters feed, TorchScript's autocast casts included."""
+    torch.manual_seed(0)
+    eager = Drifting()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's own: TorchScript models exist
+        model = torch.jit.script(copy.deepcopy(eager))
+    x, y = data(512, 1)
+    x = x * 20
+    reports = []
+    for m in (eager, model):
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with mixtrain.watch(m, opt, scaler, every=5) as w:
+                fp16_loop(m, opt, scaler, x, y, 60, drift=lambda: m.proj.weight.mul_(1.15), watch=w)
+        reports.append((w.report(), w.to_dict()["module_ranges"]))
+    (eager_report, eager_ranges), (report, ranges) = reports
+    assert report.verdict == "forward_overflow" and report.evidence[0] == eager_report.evidence[0], report
+    assert [list(r["ranges"]) for r in ranges] == [["proj", "norm", "head"]] * len(ranges)  # forward order
+    assert ranges[0]["ranges"]["proj"] == pytest.approx(eager_ranges[0]["ranges"]["proj"], rel=1e-3)
+
+
 def test_a_collapsing_loss_scale_is_gradient_overflow_with_its_history():
     """A loss whose gradients are not finite at any scale: each step skips and halves the scale."""
     torch.manual_seed(0)

@@ -129,6 +129,36 @@ WatchReport judge_watch(const WatchEvidence& evidence);
 /// `settings` as the lines a libtorch loop pastes (`ours`: its optimizer is mixtrain::optim's).
 std::vector<std::string> cpp_loop_lines(const std::vector<Setting>& settings, bool ours);
 
+/// Each module's largest |output| while it runs (a sampled step's forward), by the op tracer:
+/// the module is the ModuleScope an op runs in (the built-in models; TorchScript's module calls),
+/// else the module whose parameter (or autocast's copy of one) the op reads. Backward ops (grad
+/// mode off) are not counted. Values stay on the device until the caller reads them.
+/// diagnose::Watch uses it, and Python's watch for a TorchScript model, whose submodules take no
+/// forward hooks.
+class ModuleRangeTracer {
+ public:
+  /// `named_params`: the model's parameters by name ("encoder.proj.weight").
+  explicit ModuleRangeTracer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params);
+  ~ModuleRangeTracer();
+  ModuleRangeTracer(const ModuleRangeTracer&) = delete;
+  ModuleRangeTracer& operator=(const ModuleRangeTracer&) = delete;
+
+  struct Range {
+    std::string module;
+    torch::Tensor largest;  ///< a 0-d float tensor on the op's device
+    double limit = 0;       ///< its dtype's largest finite value
+  };
+  /// Starts seeing this thread's ops (a no-op while running).
+  void start();
+  /// Stops, and hands back the modules seen since start(), in forward order.
+  std::vector<Range> stop();
+  bool running() const;
+
+ private:
+  struct Observer;
+  std::unique_ptr<Observer> observer_;
+};
+
 struct WatchOptions {
   /// Sample one step in this many (module ranges) and read the device's records this often.
   TORCH_ARG(int64_t, every) = 100;
