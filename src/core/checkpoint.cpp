@@ -114,6 +114,28 @@ std::string joined_state_keys(const std::vector<CallbackPtr>& cbs) {
   return keys;
 }
 
+/// Lays the optimizer's state map out again, from empty, in parameter order. torch's
+/// optimizers save their state in their hash map's iteration order, which depends on the
+/// map's history as well as its contents: a refused load clears and refills the map, whose
+/// capacity stays, and equal state then saved to other bytes (the records of two parameters
+/// swapped places). Laid out so before each save, equal state saves to equal bytes. The
+/// state objects themselves are moved, not copied.
+void lay_out_state_in_param_order(torch::optim::Optimizer& opt) {
+  auto& state = opt.state();
+  using Entry = std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
+  std::vector<Entry> entries;
+  entries.reserve(state.size());
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params()) {
+      const auto it = state.find(p.unsafeGetTensorImpl());
+      if (it != state.end() && it->second) entries.emplace_back(it->first, std::move(it->second));
+    }
+  for (auto& kv : state)  // state of a tensor no group holds any more: kept, after the rest
+    if (kv.second) entries.emplace_back(kv.first, std::move(kv.second));
+  state = std::decay_t<decltype(state)>();
+  for (auto& e : entries) state.emplace(e.first, std::move(e.second));
+}
+
 /// What loading a checkpoint changes (model tensors, optimizer state, callback
 /// states), kept in memory so that a refused load can be undone.
 struct Snapshot {
@@ -139,6 +161,7 @@ void read_archive_bytes(const std::string& bytes, const std::function<void(torch
 Snapshot take_snapshot(Learner& learn, const std::vector<CallbackPtr>& cbs) {
   Snapshot s;
   for (const auto& t : learn.model().state_tensors()) s.model.push_back(t.clone());
+  lay_out_state_in_param_order(learn.opt());
   s.optimizer = archive_bytes([&](torch::serialize::OutputArchive& ar) { learn.opt().save(ar); });
   for (const auto& cb : cbs)
     if (!cb->state_key().empty())
@@ -214,6 +237,7 @@ void Learner::write_checkpoint_archive(torch::serialize::OutputArchive& ar) {
   for (const auto& kv : buffers) ar.write("model.buffer." + kv.key(), kv.value().detach(), /*is_buffer=*/true);
 
   torch::serialize::OutputArchive opt_ar;
+  lay_out_state_in_param_order(opt());
   opt().save(opt_ar);
   ar.write("optimizer", opt_ar);
   for (const auto& cb : cbs_) {
