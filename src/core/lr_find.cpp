@@ -22,7 +22,6 @@ namespace mixtrain {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kSmoothBeta = Recorder::kSmoothBeta;  // fastai's, as the Recorder's
 
 /// Sets the learning rate of each step, records the curve, stops on divergence or
 /// after num_it steps, and skips validation (fastai's LRFinder callback).
@@ -46,10 +45,9 @@ class LRFinder : public Callback {
     r.skipped.push_back(learn.step_info().skipped);
     // A non-finite loss (an fp16 overflow) is not smoothed in: it would poison every later point.
     if (std::isfinite(loss)) {
-      smooth_ = kSmoothBeta * smooth_ + (1 - kSmoothBeta) * loss;
-      ++count_;
+      smooth_.add(loss);
     }
-    const double smooth = count_ ? smooth_ / (1 - std::pow(kSmoothBeta, static_cast<double>(count_))) : kNaN;
+    const double smooth = smooth_.value();
     r.smooth_losses.push_back(smooth);
     if (std::isfinite(smooth)) best_ = std::min(best_, smooth);
     if (o_.stop_div() && (!std::isfinite(loss) || smooth > 4 * best_)) {
@@ -65,8 +63,8 @@ class LRFinder : public Callback {
 
  private:
   LrFindOptions o_;
-  double lr_ = 0, smooth_ = 0, best_ = std::numeric_limits<double>::infinity();
-  int64_t count_ = 0;
+  double lr_ = 0, best_ = std::numeric_limits<double>::infinity();
+  SmoothedLoss smooth_;  // fastai's, as the Recorder's
 };
 
 /// The curve lr_find reads suggestions from: fastai drops the first num_it/10

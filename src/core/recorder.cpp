@@ -44,8 +44,7 @@ void Recorder::clear() {
 void Recorder::before_fit(Learner& learn) {
   if (learn.resuming()) return;  // the checkpoint restored the smoothed loss
   // fastai restarts the smoothed loss every fit.
-  smooth_value_ = 0;
-  smooth_count_ = 0;
+  smooth_.reset();
 }
 
 void Recorder::before_epoch(Learner& learn) {
@@ -69,15 +68,13 @@ void Recorder::after_batch(Learner& learn) {
     r.epoch = learn.epoch();
     r.loss = loss;
     if (std::isfinite(loss)) {
-      smooth_value_ = kSmoothBeta * smooth_value_ + (1 - kSmoothBeta) * loss;
-      ++smooth_count_;
-      r.smooth_loss = smooth_value_ / (1 - std::pow(kSmoothBeta, static_cast<double>(smooth_count_)));
+      smooth_.add(loss);
+      r.smooth_loss = smooth_.value();
     } else {
       // A NaN/inf loss (a skipped fp16 step) would stay in the average for good: the step
       // shows it, and the smoothing starts again after it.
       r.smooth_loss = loss;
-      smooth_value_ = 0;
-      smooth_count_ = 0;
+      smooth_.reset();
     }
     r.lr = get_lr(learn.opt());
     r.mom = get_mom(learn.opt());
@@ -123,8 +120,7 @@ void Recorder::record_epoch(Learner& learn) {
   epoch_validated_ = false;
   EpochRecord e;
   e.epoch = learn.epoch();
-  e.train_loss = smooth_count_ ? smooth_value_ / (1 - std::pow(kSmoothBeta, static_cast<double>(smooth_count_)))
-                               : std::numeric_limits<double>::quiet_NaN();
+  e.train_loss = smooth_.value();
   e.valid_loss = last_validation_.empty() ? std::numeric_limits<double>::quiet_NaN() : last_validation_[0];
   e.metrics.assign(last_validation_.begin() + (last_validation_.empty() ? 0 : 1), last_validation_.end());
   e.metrics.resize(metrics_.size(), std::numeric_limits<double>::quiet_NaN());
@@ -148,8 +144,7 @@ int64_t Recorder::own_skipped_steps() const {
 
 void Recorder::start_branch() {
   branch_step_ = static_cast<int64_t>(steps_.size());
-  smooth_value_ = 0;
-  smooth_count_ = 0;
+  smooth_.reset();
 }
 
 const std::vector<StepColumn>& step_columns() {
@@ -218,8 +213,8 @@ void Recorder::save_state(torch::serialize::OutputArchive& ar) const {
   detail::write_f64s(ar, "epochs.metrics", metrics);
   detail::write_i64(ar, "num_metrics", static_cast<int64_t>(metrics_.size()));
   detail::write_f64s(ar, "last_validation", last_validation_);
-  detail::write_f64(ar, "smooth_value", smooth_value_);
-  detail::write_i64(ar, "smooth_count", smooth_count_);
+  detail::write_f64(ar, "smooth_value", smooth_.sum);
+  detail::write_i64(ar, "smooth_count", smooth_.count);
   detail::write_i64(ar, "epoch_steps", epoch_steps_);
   detail::write_i64(ar, "epoch_samples", epoch_samples_);
   detail::write_i64(ar, "branch_step", branch_step_);
@@ -260,8 +255,8 @@ void Recorder::load_state(torch::serialize::InputArchive& ar) {
   steps_ = std::move(steps);
   epochs_ = std::move(epochs);
   last_validation_ = last_validation;
-  smooth_value_ = smooth_value;
-  smooth_count_ = smooth_count;
+  smooth_.sum = smooth_value;
+  smooth_.count = smooth_count;
   epoch_steps_ = epoch_steps;
   epoch_samples_ = epoch_samples;
   branch_step_ = has_branch_step ? branch_step.item<int64_t>() : 0;

@@ -5,6 +5,7 @@
 #include "mixtrain/core/callback.h"
 #include "mixtrain/core/metrics.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -65,11 +66,26 @@ const std::vector<EpochColumn>& epoch_columns();
 /// Result.epochs holds it: epoch, train_loss, valid_loss, each metric, seconds.
 std::vector<std::pair<std::string, double>> epoch_table_row(const EpochRecord& e, const std::vector<std::string>& metric_names);
 
+/// fastai's smoothed loss: an exponential moving average with beta 0.98, debiased by
+/// 1 - beta^n over the n losses added (the Recorder's steps and epochs, lr_find's curve).
+struct SmoothedLoss {
+  static constexpr double kBeta = 0.98;
+  double sum = 0;     ///< the moving average before the debiasing
+  int64_t count = 0;  ///< losses added since the last reset
+  void add(double loss) {
+    sum = kBeta * sum + (1 - kBeta) * loss;
+    ++count;
+  }
+  /// The debiased average; NaN before any loss.
+  double value() const {
+    return count ? sum / (1 - std::pow(kBeta, static_cast<double>(count))) : std::numeric_limits<double>::quiet_NaN();
+  }
+  void reset() { *this = SmoothedLoss(); }
+};
+
 /// Records losses, learning rates and metrics. Order 50, as in fastai.
 class Recorder : public Callback {
  public:
-  static constexpr double kSmoothBeta = 0.98;
-
   explicit Recorder(std::vector<Metric> metrics = {});
   std::string name() const override { return "Recorder"; }
 
@@ -121,8 +137,7 @@ class Recorder : public Callback {
   std::vector<EpochRecord> epochs_;
   std::vector<double> last_validation_;
   // Smoothed loss state (fastai's AvgSmoothLoss: lerp then debias).
-  double smooth_value_ = 0;
-  int64_t smooth_count_ = 0;
+  SmoothedLoss smooth_;
   int64_t branch_step_ = 0;  // steps before it are a parent run's
   // Validation accumulators: sums weighted by batch size.
   double valid_loss_sum_ = 0;
