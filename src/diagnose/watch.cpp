@@ -1,5 +1,7 @@
 #include "mixtrain/diagnose/watch.h"
 
+#include "util/short_number.h"
+
 #include "mixtrain/amp/grad_scaler.h"
 #include "mixtrain/amp/op_trace.h"
 #include "mixtrain/amp/weight_update.h"
@@ -33,9 +35,6 @@ std::string format(const char* fmt, double value) {
   return out;
 }
 
-/// "%.4g", as Python's watch writes a number.
-std::string short_number(double value) { return format("%.4g", value); }
-
 std::string joined(const std::vector<std::string>& items, size_t most) {
   std::string out;
   for (size_t i = 0; i < items.size() && i < most; ++i) out += (i ? ", " : "") + items[i];
@@ -46,8 +45,8 @@ std::vector<std::string> scale_evidence(const WatchEvidence& e) {
   if (e.scales.empty()) return {};
   const WatchSkips skips = watch_skips(e);
   return {std::to_string(skips.steps.size()) + " of " + std::to_string(e.scales.size()) + " steps skipped (" +
-          std::to_string(skips.settling) + " while the scale settled from " + short_number(e.initial_scale) +
-          "); loss scale now " + short_number(e.scales.back())};
+          std::to_string(skips.settling) + " while the scale settled from " + mixtrain::detail::short_number(e.initial_scale) +
+          "); loss scale now " + mixtrain::detail::short_number(e.scales.back())};
 }
 
 } // namespace
@@ -72,9 +71,9 @@ WatchReport judge_watch(const WatchEvidence& e) {
       if (m.largest < kNearOverflow * m.limit) continue;  // false for NaN: a NaN output is an overflow
       const std::string what = !std::isfinite(m.largest)
                                    ? "overflowed (not finite)"
-                                   : "reached " + short_number(m.largest) + ", " + format("%.0f", 100 * m.largest / m.limit) + "% of";
+                                   : "reached " + mixtrain::detail::short_number(m.largest) + ", " + format("%.0f", 100 * m.largest / m.limit) + "% of";
       r.verdict = "forward_overflow";
-      r.evidence.push_back("module " + m.module + "'s output " + what + " its dtype's largest value " + short_number(m.limit) +
+      r.evidence.push_back("module " + m.module + "'s output " + what + " its dtype's largest value " + mixtrain::detail::short_number(m.limit) +
                            " on step " + std::to_string(sample.step) + " (sampled every " + std::to_string(e.every) +
                            " steps; the first module in forward order to come within " +
                            format("%.0f", 1 / kNearOverflow) + "x)");
@@ -93,8 +92,8 @@ WatchReport judge_watch(const WatchEvidence& e) {
     if (collapsed || (after >= 8 && rate >= kSkipRateMost)) {
       r.verdict = "gradient_overflow";
       if (collapsed)
-        r.evidence.push_back("the loss scale collapsed: repeated back-off from " + short_number(e.initial_scale) + " down to " +
-                             short_number(lowest));
+        r.evidence.push_back("the loss scale collapsed: repeated back-off from " + mixtrain::detail::short_number(e.initial_scale) + " down to " +
+                             mixtrain::detail::short_number(lowest));
       for (auto& line : scale_evidence(e)) r.evidence.push_back(std::move(line));
       if (!e.nonfinite_grads.empty())
         r.evidence.push_back("gradients not finite on step " + std::to_string(e.nonfinite_grads.front().step) + " in: " +
@@ -134,7 +133,7 @@ WatchReport judge_watch(const WatchEvidence& e) {
   for (const auto& sample : e.ranges)
     for (const auto& m : sample.modules)
       if (!std::isnan(m.largest)) peak = std::max(peak, m.largest);
-  if (peak >= 0) r.evidence.push_back("largest module output on the sampled steps: " + short_number(peak));
+  if (peak >= 0) r.evidence.push_back("largest module output on the sampled steps: " + mixtrain::detail::short_number(peak));
   return r;
 }
 
