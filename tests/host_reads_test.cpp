@@ -17,25 +17,7 @@ namespace {
 
 using namespace mixtrain;
 
-/// Whether an op hands a value to the host: the ops that return host numbers
-/// (item() and the ops built on it) and moves to the CPU from a device, or
-/// explicit copies there (what read_to_host does, so it is seen on the CPU too).
-/// Ops are seen at the top level: item(), not the _local_scalar_dense inside it.
-bool reads_host(const std::string& name, c10::ArrayRef<c10::IValue> in) {
-  if (name == "aten::item" || name == "aten::_local_scalar_dense" || name == "aten::is_nonzero" ||
-      name == "aten::equal" || name == "aten::allclose")
-    return true;
-  if (in.empty() || !in[0].isTensor()) return false;
-  const bool from_device = !in[0].toTensor().is_cpu();
-  const auto to_cpu = [&in](size_t i) { return in.size() > i && in[i].isDevice() && in[i].toDevice().is_cpu(); };
-  // to.device(self, device, dtype, non_blocking, copy, memory_format)
-  if (name == "aten::to" && in.size() == 6 && to_cpu(1)) return from_device || in[4].toBool();
-  // to.dtype_layout(self, dtype, layout, device, pin_memory, non_blocking, copy, memory_format)
-  if (name == "aten::to" && in.size() == 8 && to_cpu(3)) return from_device || in[6].toBool();
-  if (name == "aten::_to_copy" && to_cpu(3)) return true;
-  if (name == "aten::copy_" && in.size() > 1 && in[1].isTensor()) return in[0].toTensor().is_cpu() && !in[1].toTensor().is_cpu();
-  return false;
-}
+using test::reads_host;
 
 /// Counts the reads the dispatcher sees while `counting` is set.
 class HostReadCounter : public amp::OpObserver {

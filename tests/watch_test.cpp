@@ -301,3 +301,43 @@ TEST_F(WatchTest, BadInputIsOneLineAndCloseRemovesTheTracer) {
     EXPECT_NE(std::string(e.what()).find("no trainable parameters"), std::string::npos) << e.what();
   }
 }
+
+namespace {
+/// Counts the host reads the dispatcher sees while `counting` is set (test::reads_host).
+class WatchHostReads : public amp::OpObserver {
+ public:
+  void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue>,
+             c10::ArrayRef<c10::IValue>, bool) override {
+    if (counting && test::reads_host(name, inputs)) ++reads;
+  }
+  bool counting = false;
+  int64_t reads = 0;
+};
+} // namespace
+
+// Between its reads (once a block, every=N) the watch adds no host read to a step: the scale
+// and the skips come from the GradScaler's host mirror, the gradient flags wait on the device.
+// Counted at the dispatcher over steps 1..19 (step 0 is sampled: its tracer takes the observer's place).
+TEST_F(WatchTest, BetweenItsReadsTheWatchAddsNoHostReadToAStep) {
+  auto [x, y] = watch_data(512, 7);
+  std::vector<int64_t> counts;
+  for (const bool watched : {false, true}) {
+    torch::manual_seed(0);
+    WatchDrifting model;
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    amp::GradScaler scaler;
+    WatchHostReads counter;
+    const amp::OpTraceScope observe(&counter);
+    std::optional<Watch> watch;
+    if (watched) watch.emplace(*model, opt, &scaler, WatchOptions().every(1000));
+    for (int64_t i = 0; i < 20; ++i) {
+      counter.counting = i > 0;
+      fp16_loop(model, opt, scaler, x.slice(0, 32 * i, 32 * i + 32), y.slice(0, 32 * i, 32 * i + 32), 1,
+                watch ? &*watch : nullptr);
+    }
+    counter.counting = false;
+    counts.push_back(counter.reads);
+  }
+  EXPECT_GT(counts[0], 0);  // the loop's own reads (its loss, the scaler's found_inf) are seen
+  EXPECT_EQ(counts[1], counts[0]);
+}
