@@ -166,7 +166,7 @@ TEST(CliTest, CheckpointDirectoriesAreProtectedAndKeepPrunes) {
   EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-4.pt"));  // pruned: only the newest 2 kept
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-8.pt"));
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-12.pt"));
-  expect_usage_error("train" + flags, "holds a finished run, or pass --force to start over there");
+  expect_usage_error("train" + flags, "holds a finished run; name another folder, or pass --force to start over there");
   EXPECT_EQ(run_cli("train" + flags + " --force").code, 0);
   expect_usage_error("train --resume " + test::scratch_dir("cli_protect_empty"), "args.json not found");
   expect_usage_error("train --resume " + out + " --lr 1", "do not pass --lr");

@@ -4,7 +4,8 @@
 // autocast_mode.cpp). Ops are matched by schema name, so every overload of a listed
 // op counts. A few names only older releases list (cudnn_convolution*, the private
 // _softmax/_log_softmax and native_layer_norm that the listed ops call) are kept so
-// that libtorch 1.13's decompositions are classified the same way.
+// that the decompositions of releases before torch 2.x (libtorch 1.13, supported until 0.2.0)
+// are classified the same way.
 #include "mixtrain/amp/op_trace.h"
 
 #include <unordered_map>

@@ -78,7 +78,7 @@ Env env_from_environment() {
   return e;
 }
 
-/// Gloo in libtorch 1.13 has no bfloat16: such tensors travel as float32 (exact
+/// Gloo has not always had bfloat16 (libtorch 1.13's had none): such tensors travel as float32 (exact
 /// for a broadcast; a sum is rounded back to bf16 once, at the end).
 template <typename Collective>
 void via_supported_dtype(torch::Tensor& t, Collective&& collective) {

@@ -69,7 +69,7 @@ void start_folder(RunArgs& a, int world_size) {
   const RunFolder folder(a.out);
   if (folder.holds_checkpoints() && !a.force)
     throw OptionError("force", Phrase::name("out") + " " + a.out +
-                                   (folder.finished() ? " holds a finished run"
+                                   (folder.finished() ? " holds a finished run; name another folder"
                                                       : " already holds checkpoints; continue it with " +
                                                             Phrase::setting("resume", a.out)) +
                                    ", or pass " + Phrase::name("force") + " to start over there");

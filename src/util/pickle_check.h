@@ -1,14 +1,15 @@
 #pragma once
 // Private: a walk over a pickle's opcodes before libtorch's unpickler reads it.
 //
-// libtorch 1.13's unpickler trusts what a pickle states. It reserves a string of a
-// stated length and a memo table up to a stated index before reading on (a damaged
-// BINUNICODE or LONG_BINPUT allocated gigabytes: the tensor_file fuzzer's third and
-// fourth finds), and it pops its stack without looking (a NEWOBJ first thing read
-// below an empty stack: a segfault, the fifth find). Every pickle mixtrain hands it
-// (data files, checkpoints, TorchScript models) is walked here first: each length must
-// fit what is left, each memo index must be one a pickle of this size can have, and no
-// opcode may take more from the stack, or from above its last MARK, than is there.
+// libtorch's unpickler trusted what a pickle states (the fuzzer's finds, under libtorch 1.13,
+// before 0.2.0 dropped it; the walk stays, since torch 2.x's has not been shown to check all
+// of it). It reserved a string of a stated length and a memo table up to a stated index
+// before reading on (a damaged BINUNICODE or LONG_BINPUT allocated gigabytes: the
+// tensor_file fuzzer's third and fourth finds), and it popped its stack without looking (a
+// NEWOBJ first thing read below an empty stack: a segfault, the fifth find). Every pickle
+// mixtrain hands it (data files, checkpoints, TorchScript models) is walked here first:
+// each length must fit what is left, each memo index must be one a pickle of this size can
+// have, and no opcode may take more from the stack, or from above its last MARK, than is there.
 // Opcodes the walk does not know end it: the unpickler's own error names them.
 
 #include <c10/util/Exception.h>

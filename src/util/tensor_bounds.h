@@ -2,8 +2,8 @@
 // Private: whether tensors read from a file stay inside their storage.
 //
 // An unpickler that rebuilds a tensor from the sizes, strides and offset the file
-// states without checking them against the storage the file holds (libtorch 1.13's
-// did) leaves a tensor the first op reads out of bounds. torch 2.x's unpickler
+// states without checking them against the storage the file holds (libtorch 1.13's,
+// which mixtrain supported until 0.2.0, did) leaves a tensor the first op reads out of bounds. torch 2.x's unpickler
 // refuses most such tensors itself; every tensor that comes from a file still
 // passes through here before anything reads it, and torch's refusal is said in
 // the same words (storage_bounds_message).

@@ -1,5 +1,5 @@
 #pragma once
-/// RAII autocast guard (the libtorch 1.13 / 2.x differences it needs are in mixtrain/compat.h).
+/// RAII autocast guard (the torch-version differences it needs are in mixtrain/compat.h).
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
