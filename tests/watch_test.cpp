@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <optional>
+#include <thread>
 
 using namespace mixtrain;
 using diagnose::judge_watch;
@@ -300,6 +301,30 @@ TEST_F(WatchTest, BadInputIsOneLineAndCloseRemovesTheTracer) {
   } catch (const OptionError& e) {
     EXPECT_NE(std::string(e.what()).find("no trainable parameters"), std::string::npos) << e.what();
   }
+}
+
+// A sampled step's tracer belongs to the thread that made the watch: after_step from another
+// thread is a one-line error that changes nothing, and the watch still closes on its own.
+TEST_F(WatchTest, AStepOnAnotherThreadIsAOneLineErrorThatChangesNothing) {
+  WatchDrifting model;
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  {
+    Watch watch(*model, opt);
+    std::string error;
+    std::thread([&] {
+      try {
+        watch.after_step();
+      } catch (const c10::Error& e) {
+        error = e.what_without_backtrace();
+      }
+    }).join();
+    EXPECT_NE(error.find("make the watch on the thread that trains"), std::string::npos) << error;
+    EXPECT_TRUE(mixtrain::detail::ops_observed());  // this thread's sampled step goes on
+    watch.after_step();                            // here it is fine
+    EXPECT_EQ(watch.report().steps, 1);
+  }
+  EXPECT_FALSE(mixtrain::detail::ops_observed());
+  Watch again(*model, opt);  // the closed watch let the model go
 }
 
 namespace {

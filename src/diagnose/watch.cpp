@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -23,6 +24,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 namespace mixtrain::diagnose {
@@ -194,10 +196,12 @@ struct ModuleRangeTracer::Observer : amp::OpObserver {
   std::unordered_map<std::string, size_t> index;
   std::vector<Range> modules;
   std::unique_ptr<amp::OpTraceScope> scope;
+  std::thread::id thread;                  // the one whose ops it sees (the scope is that thread's)
+  std::atomic<bool> detached{false};       // left installed on a thread it could not be removed from
 
   void on_op(const std::string& name, c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs,
              c10::ArrayRef<c10::IValue> results, bool ran_reduced) override {
-    if (!at::GradMode::is_enabled()) return;  // backward: gradients, not the module's activations
+    if (detached.load(std::memory_order_relaxed) || !at::GradMode::is_enabled()) return;  // backward: gradients
     std::string owner;  // the module whose parameter (or a cast of one) the op reads
     amp::for_each_tensor(inputs, [&](const torch::Tensor& t) {
       if (!owner.empty()) return;
@@ -242,15 +246,28 @@ ModuleRangeTracer::ModuleRangeTracer(const std::vector<std::pair<std::string, to
   }
 }
 
-ModuleRangeTracer::~ModuleRangeTracer() = default;
+ModuleRangeTracer::~ModuleRangeTracer() {
+  if (!observer_->scope || observer_->thread == std::this_thread::get_id()) return;
+  // Destroyed on another thread than the one it sees: that thread's scope cannot be removed
+  // from here. The observer stays, inert, where the thread's dispatcher still points.
+  observer_->detached = true;
+  (void)observer_->scope.release();
+  (void)observer_.release();
+}
 
 void ModuleRangeTracer::start() {
-  if (!observer_->scope) observer_->scope = std::make_unique<amp::OpTraceScope>(observer_.get());
+  if (observer_->scope) return;
+  observer_->scope = std::make_unique<amp::OpTraceScope>(observer_.get());
+  observer_->thread = std::this_thread::get_id();
 }
 
 bool ModuleRangeTracer::running() const { return observer_->scope != nullptr; }
 
 std::vector<ModuleRangeTracer::Range> ModuleRangeTracer::stop() {
+  // A thread's op tracing is its own: only the thread that started it can end it.
+  TORCH_CHECK(!observer_->scope || observer_->thread == std::this_thread::get_id(),
+              "the watch's sampled step began on another thread: make the watch on the thread that trains, and call "
+              "after_step there");
   observer_->scope.reset();
   observer_->casts.clear();
   observer_->keep.clear();
@@ -477,12 +494,12 @@ std::string Watch::plot() {
 void Watch::close() {
   State& s = *state_;
   if (s.closed) return;
-  s.disarm(/*keep=*/false);
-  s.closed = true;
+  s.closed = true;  // closed even when the tracer below cannot be ended from this thread
   {
     std::lock_guard<std::mutex> lock(watched_mutex);
     watched_models().erase(&s.model);
   }
+  s.disarm(/*keep=*/false);
   s.read();
 }
 

@@ -150,7 +150,9 @@ class ModuleRangeTracer {
   };
   /// Starts seeing this thread's ops (a no-op while running).
   void start();
-  /// Stops, and hands back the modules seen since start(), in forward order.
+  /// Stops, and hands back the modules seen since start(), in forward order. Only the thread
+  /// that started it can: from another, throws and changes nothing (destroyed there, it is
+  /// left installed but inert, since a thread's dispatcher state is its own).
   std::vector<Range> stop();
   bool running() const;
 
@@ -176,7 +178,8 @@ class Watch {
   Watch& operator=(const Watch&) = delete;
 
   /// Call once per iteration after the update (scaler.update(), or optimizer.step()), before
-  /// the gradients are zeroed.
+  /// the gradients are zeroed, on the thread that made the watch (a sampled step's tracer is
+  /// that thread's; another thread gets a one-line error).
   void after_step();
   /// The verdict so far; reads what the current block left on the device.
   const WatchReport& report();
