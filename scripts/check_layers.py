@@ -34,6 +34,10 @@ PRIVATE = re.compile(r'^\s*#\s*include\s*"(util)/[^"]+"', re.M)
 CONCRETE = re.compile(r"(get_cb|dynamic_pointer_cast|dynamic_cast)<\s*(mixtrain::)?amp::(MixedPrecision|MasterWeights)\b")
 
 
+UNBOUNDED_ARCHIVE = re.compile(r"\.load_from\((?!\s*\[)")
+UNBOUNDED_SCRIPT = re.compile(r"\bjit::load\((?!\s*reader\b)")
+
+
 def layer_rank(path):
     """The rank of the layer a header path (relative to include/mixtrain) or source belongs to."""
     parts = path.split("/")
@@ -113,6 +117,13 @@ def main():
                     for i, line in enumerate(open(path, encoding="utf-8"), 1):
                         if "65536" in line:
                             scale.append(f"{os.path.relpath(path, root)}:{i}")
+                        # Every file libtorch unpickles is read through a bounded reader
+                        # (ARCHITECTURE.md): an archive loads from a reader function, a
+                        # TorchScript file from one; only bytes mixtrain wrote itself are trusted.
+                        if name.endswith(".cpp") and "// trusted" not in line and (
+                                UNBOUNDED_ARCHIVE.search(line) or UNBOUNDED_SCRIPT.search(line)):
+                            breaches.append(f"{os.path.relpath(path, root)}:{i}: unpickles without a bounded reader "
+                                            "(load_from a reader function, as checkpoints and model files do)")
     if len(scale) != 1:
         breaches.append(f"65536 is written {len(scale)} times ({', '.join(scale)}); name it once (amp::kDefaultInitScale)")
     for b in breaches:

@@ -8,7 +8,7 @@ src_dir=$1 work=$2
 rm -rf "$work" && mkdir -p "$work/include/mixtrain/core" "$work/include/mixtrain/amp" "$work/src/diagnose"
 printf '#include "mixtrain/amp/mixed_precision.h"\n' > "$work/include/mixtrain/core/learner.h"
 printf 'constexpr double kDefaultInitScale = 65536.0;\n' > "$work/include/mixtrain/amp/loss_scale_rule.h"
-printf 'auto mp = learn.get_cb<amp::MixedPrecision>();\n' > "$work/src/diagnose/overflow_trace.cpp"
+printf 'auto mp = learn.get_cb<amp::MixedPrecision>();\nar.load_from(path);\n' > "$work/src/diagnose/overflow_trace.cpp"
 printf '#include "mixtrain/run/options.h"\nconst double s = 65536;\n' > "$work/include/mixtrain/amp/grad_scaler.h"
 # Sources named after their headers: amp/loss_scale_rule.h says it is header-only, core/learner.h
 # has its source, amp/grad_scaler.h has none; the umbrella leaves grad_scaler.h out.
@@ -26,6 +26,7 @@ for expected in "core includes mixtrain/amp/mixed_precision.h from layer amp" \
                 "amp includes mixtrain/run/options.h from layer run" \
                 "switches on a concrete amp callback" \
                 "65536 is written 2 times" \
+                "overflow_trace.cpp:2: unpickles without a bounded reader" \
                 "include/mixtrain/amp/grad_scaler.h: no src/amp/grad_scaler.cpp" \
                 "mixtrain.h: does not include mixtrain/amp/grad_scaler.h"; do
   echo "$out" | grep -qF "$expected" || { echo "missing: $expected"; exit 1; }

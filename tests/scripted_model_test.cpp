@@ -243,6 +243,21 @@ TEST(ModelFileTest, ABuiltInModelRoundTripsAndPredicts) {
   EXPECT_THROW_WITH(load_model(exported_file("state_dict.pt")), "is a torch.save'd file (a state_dict or a pickled module), not TorchScript");
 }
 
+// A built-in model's file is unpickled as checkpoints and TorchScript files are: walked,
+// bounded, and every tensor checked against the record that holds it. A storage record cut
+// short (its CRC kept valid) was read past before, as the hostile tester's checkpoint was.
+TEST(ModelFileTest, AModelFileWhoseRecordIsShorterThanItsClaimIsRefused) {
+  torch::manual_seed(0);
+  Model cnn = run::build_builtin_model("cnn");
+  const std::string dir = test::scratch_dir("model_file_cut");
+  save_model(cnn, dir + "/cnn.pt", "cnn");
+  ASSERT_EQ(std::system((MIXTRAIN_PYTHON " " MIXTRAIN_SOURCE_DIR "/tests/python/cut_record.py " + dir + "/cnn.pt " + dir +
+                         "/cut.pt 576 100").c_str()),
+            0);  // the first conv's weight: 16 x 1 x 3 x 3 floats
+  EXPECT_THROW_WITH(load_model(dir + "/cut.pt"), "needs 576 bytes of data but the file holds 100 for it");
+  EXPECT_NO_THROW(load_model(dir + "/cnn.pt"));
+}
+
 TEST(BuiltinModelsTest, TheTransformerIsCausalAndTheResnetClassifies) {
   torch::manual_seed(0);
   models::TransformerLM lm;

@@ -154,7 +154,7 @@ std::string archive_bytes(const std::function<void(torch::serialize::OutputArchi
 
 void read_archive_bytes(const std::string& bytes, const std::function<void(torch::serialize::InputArchive&)>& read) {
   torch::serialize::InputArchive ar;
-  ar.load_from(bytes.data(), bytes.size());
+  ar.load_from(bytes.data(), bytes.size());  // trusted: the snapshot this process wrote
   read(ar);
 }
 

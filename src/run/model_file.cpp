@@ -1,7 +1,10 @@
 // The trained model as a file: TorchScript for scripted models, an archive for built-ins.
 #include "mixtrain/run/model_file.h"
 
+#include "util/bounded_reader.h"
 #include "util/first_line.h"
+#include "util/read_file.h"
+#include "util/tensor_bounds.h"
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/run/model_registry.h"
 #include "mixtrain/models/scripted_model.h"
@@ -10,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 namespace mixtrain {
@@ -40,15 +44,31 @@ void save_model(const Model& model, const std::string& path, const std::string& 
 Model load_model(const std::string& path, const std::string& output) {
   std::error_code ec;
   TORCH_CHECK(std::filesystem::is_regular_file(path, ec), "Model file not found: ", path);
+  // Unpickled as checkpoints and TorchScript files are (ARCHITECTURE.md): its pickles walked
+  // first, its records read through a bounded reader, and every tensor checked against the
+  // record that holds it, since libtorch sizes a storage by what the pickle claims.
+  const std::string bytes = detail::read_whole_file(path, "model ");
   torch::serialize::InputArchive archive;
   c10::IValue name;
   bool builtin = false;
-  try {
-    archive.load_from(path);
-    builtin = archive.try_read(kBuiltinKey, name) && name.isString();
-  } catch (const c10::Error&) {
-    builtin = false;  // not an archive of ours: maybe TorchScript, load_scripted_model says
+  std::optional<detail::BoundedReader> reader;
+  if (detail::first_compressed_storage_record(bytes.data(), bytes.size()).empty()) {
+    try {
+      detail::check_pickles_in(bytes.data(), bytes.size());
+      reader.emplace(bytes.data(), bytes.size());
+      archive.load_from([&](uint64_t pos, void* buf, size_t n) { return reader->read(pos, buf, n, "model"); },
+                        [&] { return reader->size(); });
+      builtin = archive.try_read(kBuiltinKey, name) && name.isString();
+    } catch (const c10::Error&) {
+      builtin = false;  // not an archive of ours: maybe TorchScript, load_scripted_model says
+    }
   }
+  if (builtin)
+    for (const auto& key : archive.keys()) {
+      c10::IValue entry;
+      if (archive.try_read(key, entry))
+        detail::check_tensors_in_storage(entry, "Model file " + path, key, &reader->buffer_sizes(), /*only_records=*/false);
+    }
   Model model;
   if (builtin) {
     model = run::build_builtin_model(name.toStringRef());
