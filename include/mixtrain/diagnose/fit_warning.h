@@ -1,7 +1,8 @@
 #pragma once
 /// FitWarning: the callback behind the one line a loss-scaled fit ends with when
 /// it skipped more than 5% of its steps or its loss scale collapsed (fastai stays
-/// silent). The run layer attaches it for fp16 (run::set_precision); core does not.
+/// silent), or a quarter or more of its bf16 updates rounded away. The run layer attaches it for the modes
+/// whose row says fit_warning, fp16 and bf16-pure (run::add_fit_warning); core does not.
 
 #include "mixtrain/core/callback.h"
 #include "mixtrain/util/phrase.h"
