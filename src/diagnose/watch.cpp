@@ -402,11 +402,6 @@ Watch::Watch(torch::nn::Module& model, torch::optim::Optimizer& optimizer, amp::
       const auto it = names.find(p.unsafeGetTensorImpl());
       state->optimizer_names.push_back(it != names.end() ? it->second : "?");
     }
-  {
-    std::lock_guard<std::mutex> lock(watched_mutex);
-    if (!watched_models().insert(&model).second)
-      throw OptionError("model", Phrase("this model is watched already: close() the first watch before watching it again"));
-  }
   state->ranges = std::make_unique<ModuleRangeTracer>(all);
   auto& e = state->evidence;
   e.every = options.every();
@@ -421,7 +416,19 @@ Watch::Watch(torch::nn::Module& model, torch::optim::Optimizer& optimizer, amp::
     e.lost_counted = "the 16-bit weights' lost updates are not counted: libtorch's optimizers do not expose their update "
                      "(mixtrain::optim's count it exactly)";
   }
-  state->arm();  // the first step is sampled
+  // Registered last, so that a watch that fails to start leaves the model free.
+  {
+    std::lock_guard<std::mutex> lock(watched_mutex);
+    if (!watched_models().insert(&model).second)
+      throw OptionError("model", Phrase("this model is watched already: close() the first watch before watching it again"));
+  }
+  try {
+    state->arm();  // the first step is sampled
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(watched_mutex);
+    watched_models().erase(&model);
+    throw;
+  }
   state_ = std::move(state);
 }
 
