@@ -344,7 +344,7 @@ class WatchHostReads : public amp::OpObserver {
 // and the skips come from the GradScaler's host mirror, the gradient flags wait on the device.
 // Counted at the dispatcher over steps 1..19 (step 0 is sampled: its tracer takes the observer's place).
 TEST_F(WatchTest, BetweenItsReadsTheWatchAddsNoHostReadToAStep) {
-  auto [x, y] = watch_data(512, 7);
+  auto [x, y] = watch_data(640, 7);  // 20 batches of 32
   std::vector<int64_t> counts;
   for (const bool watched : {false, true}) {
     torch::manual_seed(0);
