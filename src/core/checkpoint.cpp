@@ -2,6 +2,7 @@
 #include "mixtrain/core/learner.h"
 
 #include "util/archive_util.h"
+#include "util/bounded_archive.h"
 #include "util/first_line.h"
 #include "util/read_file.h"
 #include "util/bounded_reader.h"
@@ -161,7 +162,6 @@ void read_archive_bytes(const std::string& bytes, const std::function<void(torch
 Snapshot take_snapshot(Learner& learn, const std::vector<CallbackPtr>& cbs) {
   Snapshot s;
   for (const auto& t : learn.model().state_tensors()) s.model.push_back(t.clone());
-  lay_out_state_in_param_order(learn.opt());
   s.optimizer = archive_bytes([&](torch::serialize::OutputArchive& ar) { learn.opt().save(ar); });
   for (const auto& cb : cbs)
     if (!cb->state_key().empty())
@@ -275,9 +275,7 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
               ", which torch never writes)");
   const detail::BoundedReader reader(data, size);
   try {
-    detail::check_pickles_in(data, size);
-    ar.load_from([&](uint64_t pos, void* buf, size_t n) { return reader.read(pos, buf, n, "checkpoint"); },
-                 [&] { return reader.size(); });
+    detail::load_archive_bounded(reader, data, size, ar, "checkpoint");
   } catch (const c10::Error& e) {
     const std::string why = first_line(e.what_without_backtrace());
     const std::string past_storage = detail::storage_bounds_message(why);
@@ -286,11 +284,7 @@ void open_archive(const char* data, size_t size, const std::string& path, torch:
     TORCH_CHECK(false, "Checkpoint ", path, " is corrupt or truncated (", first_line(e.what()), ")");
   }
   // Every tensor must fit the storage the file holds before anything reads it.
-  for (const auto& key : ar.keys()) {
-    c10::IValue entry;
-    if (ar.try_read(key, entry))
-      detail::check_tensors_in_storage(entry, "Checkpoint " + path, key, &reader.buffer_sizes(), /*only_records=*/false);
-  }
+  detail::check_archive_tensors(ar, reader, "Checkpoint " + path);
 }
 
 } // namespace

@@ -1,10 +1,9 @@
 // The trained model as a file: TorchScript for scripted models, an archive for built-ins.
 #include "mixtrain/run/model_file.h"
 
-#include "util/bounded_reader.h"
+#include "util/bounded_archive.h"
 #include "util/first_line.h"
 #include "util/read_file.h"
-#include "util/tensor_bounds.h"
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/run/model_registry.h"
 #include "mixtrain/models/scripted_model.h"
@@ -54,21 +53,14 @@ Model load_model(const std::string& path, const std::string& output) {
   std::optional<detail::BoundedReader> reader;
   if (detail::first_compressed_storage_record(bytes.data(), bytes.size()).empty()) {
     try {
-      detail::check_pickles_in(bytes.data(), bytes.size());
       reader.emplace(bytes.data(), bytes.size());
-      archive.load_from([&](uint64_t pos, void* buf, size_t n) { return reader->read(pos, buf, n, "model"); },
-                        [&] { return reader->size(); });
+      detail::load_archive_bounded(*reader, bytes.data(), bytes.size(), archive, "model");
       builtin = archive.try_read(kBuiltinKey, name) && name.isString();
     } catch (const c10::Error&) {
       builtin = false;  // not an archive of ours: maybe TorchScript, load_scripted_model says
     }
   }
-  if (builtin)
-    for (const auto& key : archive.keys()) {
-      c10::IValue entry;
-      if (archive.try_read(key, entry))
-        detail::check_tensors_in_storage(entry, "Model file " + path, key, &reader->buffer_sizes(), /*only_records=*/false);
-    }
+  if (builtin) detail::check_archive_tensors(archive, *reader, "Model file " + path);
   Model model;
   if (builtin) {
     model = run::build_builtin_model(name.toStringRef());
