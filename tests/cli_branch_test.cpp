@@ -74,6 +74,11 @@ TEST(CliBranchTest, TheReplayMatchesTheRunInEachMode) {
     EXPECT_EQ(replay.at("window"), 8);
     EXPECT_GT(replay.at("restore_seconds").get<double>(), 0) << replay;  // timed, where the bench reads it
     EXPECT_GT(replay.at("fp32_arm_seconds").get<double>(), 0) << replay;
+    // Where a replayed window's time went, phase by phase (no trials asked: that phase is ~0).
+    for (const char* phase : {"setup", "fp32", "run's setup", "run", "after", "trials"})
+      EXPECT_GE(j.at("timing").at(phase).get<double>(), 0) << phase;
+    EXPECT_GT(j.at("timing").at("fp32").get<double>(), 0);
+    EXPECT_GT(j.at("timing").at("run").get<double>(), 0);
     EXPECT_EQ(j.at("evidence").at("fp32").at("steps"), 8);
     EXPECT_EQ(j.at("evidence").at("mixed").at("steps"), 8);
     EXPECT_EQ(listing(run), before) << "the doctor wrote into the run's folder";

@@ -45,6 +45,22 @@ std::unique_ptr<Learner> learner_at(const LearnerFactory& make_learner, const st
   return learn;
 }
 
+/// Where a doctor's time goes (Diagnosis::timing): each phase's seconds, in order.
+class PhaseClock {
+ public:
+  void ends(const char* phase) {
+    const auto now = std::chrono::steady_clock::now();
+    phases_.emplace_back(phase, std::chrono::duration<double>(now - start_).count());
+    start_ = now;
+  }
+  bool empty() const { return phases_.empty(); }
+  const std::vector<std::pair<std::string, double>>& phases() const { return phases_; }
+
+ private:
+  std::vector<std::pair<std::string, double>> phases_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
 /// The validation loss of `learn`'s weights as they are (fp32, before it trains): the one
 /// point both arms start from. NaN when there is no validation set.
 double start_valid_loss(Learner& learn) {
@@ -61,13 +77,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;
   const bool fp16 = o.precision() == Precision::kFp16;
-  std::vector<std::pair<std::string, double>> timing;
-  auto phase_start = std::chrono::steady_clock::now();
-  const auto phase_ends = [&](const char* phase) {
-    const auto now = std::chrono::steady_clock::now();
-    timing.emplace_back(phase, std::chrono::duration<double>(now - phase_start).count());
-    phase_start = now;
-  };
+  PhaseClock clock;
 
   torch::manual_seed(o.seed());
   std::unique_ptr<Learner> baseline = make_learner();
@@ -135,7 +145,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
       }
       std::cout << "doctor: the fp32 baseline trains beside the " << precision_name(o.precision()) << " run, "
                 << at::get_num_threads() / 2 << " thread(s) each" << std::endl;
-      phase_ends("setup");
+      clock.ends("setup");
       // Once the run has ended (a head start still training): the verdict, handed to the
       // caller as it would be before any trial (bf16-pure only, whose evidence has no
       // overflow trace), and whether it tries the head start first.
@@ -163,14 +173,14 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   if (ev.side_by_side) {
     ev.fp32 = summarize_run(*baseline, "fp32");
   } else {
-    if (timing.empty()) phase_ends("setup");
+    if (clock.empty()) clock.ends("setup");
     detail::fit(*baseline, o);
     ev.fp32 = summarize_run(*baseline, "fp32");
     mixed = make_mixed();
     trace_start_of(*mixed);
     detail::fit(*mixed, o);
   }
-  phase_ends("pair");
+  clock.ends("pair");
   ev.trace_start = std::move(trace_start);
   const data::Batch probe = detail::probe_batch(*mixed);
   ev.mixed = summarize_run(*mixed, precision_name(o.precision()));
@@ -180,8 +190,8 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
   }
   Diagnosis d = decide(std::move(ev));
-  phase_ends("after");
-  d.timing = timing;
+  clock.ends("after");
+  d.timing = clock.phases();
   detail::report_progress(d, o);  // the verdict is kept before any trial can die or be stopped
   const detail::TrialRunner from_scratch = [&](const MixedRun& t, std::string* next_overflow) {
     std::unique_ptr<Learner> learn = make_trial_learner(t);
@@ -190,8 +200,8 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
     return summarize_run(*learn, precision_name(t.precision));
   };
   detail::try_fixes(d, from_scratch, o, head.get());
-  phase_ends("trials");
-  d.timing = timing;
+  clock.ends("trials");
+  d.timing = clock.phases();
   return d;
 }
 
@@ -247,13 +257,16 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
                                     std::to_string(kMinCompareSteps));
   Evidence ev;
   ev.branched = true;
+  PhaseClock clock;  // the arms run in turn, so each has its own phase
   const MixedRun own{o.precision(), o.precision_options(), 0};
   {
     std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
     TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
     ev.inputs = check_inputs(base->dls().train.dataset().x);
     ev.start_valid_loss = start_valid_loss(*base);
+    clock.ends("setup");
     ev.fp32 = replay_window(*base, o, window, "fp32");
+    clock.ends("fp32");
   }
   std::unique_ptr<Learner> mixed = at_branch(Arm::kRun, own);
   TORCH_CHECK(mixed, "diagnose::compare_branch: the branch factory returned nothing");
@@ -263,7 +276,9 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
     const detail::KeepGlobalRng keep;
     ev.trace_start = trace_overflow(*mixed, probe);
   }
+  clock.ends("run's setup");
   ev.mixed = replay_window(*mixed, o, window, precision_name(o.precision()));
+  clock.ends("run");
   if (fp16) {
     ev.trace_end = trace_overflow(*mixed, probe);
     auto pc = mixed->precision_cb();
@@ -271,6 +286,8 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
   }
   mixed.reset();
   Diagnosis d = decide(std::move(ev));
+  clock.ends("after");
+  d.timing = clock.phases();
   detail::report_progress(d, o);
   const detail::TrialRunner from_branch = [&](const MixedRun& t, std::string* next_overflow) {
     std::unique_ptr<Learner> learn = at_branch(Arm::kTrial, t);
@@ -281,6 +298,8 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
     return replay_window(*learn, o, window, precision_name(t.precision));
   };
   detail::try_fixes(d, from_branch, o);
+  clock.ends("trials");
+  d.timing = clock.phases();
   return d;
 }
 

@@ -196,10 +196,13 @@ struct Diagnosis {
   std::string trials_stopped;
   /// Set when the pair was replayed from a run's checkpoint (mixtrain doctor --from).
   std::optional<Replay> replay;
-  /// Where a from-scratch doctor's time went, in order (diagnosis.json's "timing"):
+  /// Where the doctor's time went, in order (diagnosis.json's "timing"). From scratch:
   /// "setup" (the learners, the starting validation, the probes), "pair" (the fp32 and mixed
   /// runs, beside each other or in turn), "after" (the overflow trace at the end, gradient
-  /// health, the verdict) and "trials" (each also in Trial::seconds).
+  /// health, the verdict) and "trials" (each also in Trial::seconds). A replayed window
+  /// (compare_branch), whose arms run in turn: "setup" (the fp32 arm's branch and the
+  /// starting validation), "fp32", "run's setup" (its branch and probe), "run", "after",
+  /// "trials".
   std::vector<std::pair<std::string, double>> timing;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
