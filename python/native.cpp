@@ -13,8 +13,9 @@
 #include <mixtrain/data/data.h>
 #include <mixtrain/util/option_error.h>
 #include <mixtrain/util/warnings.h>
-#include <mixtrain/run/branch.h>
+#include <mixtrain/run/loop_state.h>
 #include <mixtrain/run/commands.h>
+#include <mixtrain/run/doctor.h>
 #include <mixtrain/models/scripted_model.h>
 #include <mixtrain/optim/update_rule.h>
 #include <mixtrain/diagnose/diagnosis.h>

@@ -78,6 +78,43 @@ def sources_named_after_headers(root):
     return breaches
 
 
+ANY_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def sources_that_include_each_other(root):
+    """Two units (a header and its source, by stem: run/branch is include/mixtrain/run/branch.h
+    with src/run/branch.cpp; a private src/run/x.h with its x.cpp) whose sources each include
+    the other's header: two implementations that need each other, so that neither can be
+    read, tested or changed alone. (A header that includes another's, whose source reaches
+    back up, keeps an order: the headers say which sits below.) Checked in the run layer,
+    where the three doctors and the branches had grown into each other; amp, core and
+    diagnose still hold five such pairs (ARCHITECTURE.md, "Known knots").
+    """
+    edges = {}
+    top = os.path.join(root, "src")
+    for dirpath, _, files in os.walk(top):
+        rel_dir = os.path.relpath(dirpath, top)
+        if rel_dir != "run":
+            continue
+        for name in files:
+            if not name.endswith(".cpp"):
+                continue
+            unit = f"{rel_dir}/{name[:-4]}"
+            text = open(os.path.join(dirpath, name), encoding="utf-8").read()
+            for inc in ANY_INCLUDE.findall(text):
+                inc = inc[len("mixtrain/"):] if inc.startswith("mixtrain/") else inc
+                target = os.path.splitext(inc if "/" in inc else f"{rel_dir}/{inc}")[0]
+                if target != unit:
+                    edges.setdefault(unit, set()).add(target)
+    breaches = []
+    for unit, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if unit < target and unit in edges.get(target, set()):
+                breaches.append(f"src/{unit}.cpp and src/{target}.cpp include each other's header: one of them must sit "
+                                "below the other")
+    return breaches
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     breaches = []
@@ -108,6 +145,7 @@ def main():
                 if folder != "amp" and CONCRETE.search(text):
                     breaches.append(f"{rel}: switches on a concrete amp callback; ask PrecisionCallback instead")
     breaches += sources_named_after_headers(root)
+    breaches += sources_that_include_each_other(root)
     scale = []
     for base in ("include", "src", "tools", "python"):
         for dirpath, _, files in os.walk(os.path.join(root, base)):

@@ -7,6 +7,7 @@
 
 #include <mixtrain/mixtrain.h>
 #include <mixtrain/run/commands.h>
+#include <mixtrain/run/doctor.h>
 #include <nlohmann/json.hpp>
 
 #include <atomic>

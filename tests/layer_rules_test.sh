@@ -14,6 +14,10 @@ printf '#include "mixtrain/run/options.h"\nconst double s = 65536;\n' > "$work/i
 # has its source, amp/grad_scaler.h has none; the umbrella leaves grad_scaler.h out.
 printf '/// Header-only.\n' >> "$work/include/mixtrain/amp/loss_scale_rule.h"
 mkdir -p "$work/src/core" && : > "$work/src/core/learner.cpp"
+# Two run-layer sources that include each other's header.
+mkdir -p "$work/src/run"
+printf '#include "mixtrain/run/doctor.h"\n' > "$work/src/run/branch.cpp"
+printf '#include "mixtrain/run/branch.h"\n' > "$work/src/run/doctor.cpp"
 printf '#include "mixtrain/core/learner.h"\n#include "mixtrain/amp/loss_scale_rule.h"\n' > "$work/include/mixtrain/mixtrain.h"
 if out=$(/usr/bin/python3 "$src_dir/scripts/check_layers.py" "$work"); then
   echo "the checker passed a tree that breaks the rules:"; echo "$out"; exit 1
@@ -28,7 +32,8 @@ for expected in "core includes mixtrain/amp/mixed_precision.h from layer amp" \
                 "65536 is written 2 times" \
                 "overflow_trace.cpp:2: unpickles without a bounded reader" \
                 "include/mixtrain/amp/grad_scaler.h: no src/amp/grad_scaler.cpp" \
-                "mixtrain.h: does not include mixtrain/amp/grad_scaler.h"; do
+                "mixtrain.h: does not include mixtrain/amp/grad_scaler.h" \
+                "src/run/branch.cpp and src/run/doctor.cpp include each other's header"; do
   echo "$out" | grep -qF "$expected" || { echo "missing: $expected"; exit 1; }
 done
 echo "layer rules: the tree passes, and each kind of breach is caught"

@@ -79,11 +79,14 @@
 
 #include "mixtrain/run/branch.h"
 #include "mixtrain/run/commands.h"
+#include "mixtrain/run/doctor.h"
 #include "mixtrain/run/learner_builder.h"
+#include "mixtrain/run/loop_state.h"
 #include "mixtrain/run/model_file.h"
 #include "mixtrain/run/model_registry.h"
 #include "mixtrain/run/options.h"
 #include "mixtrain/run/run_config.h"
+#include "mixtrain/run/run_control.h"
 #include "mixtrain/run/run_folder.h"
 
 #include "mixtrain/deprecated.h"

@@ -37,10 +37,6 @@
 
 namespace mixtrain::run {
 
-std::string train_command(int ranks) {
-  return ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train");
-}
-
 namespace {
 
 /// A monitored value the Learner does not have is an error before training starts.
@@ -135,26 +131,7 @@ RunArgs resume_args(const std::string& folder_path, int threads) {
   return a;
 }
 
-void add_stop_callbacks(Learner& learn, const StopFlags& stop, bool keeps_checkpoints) {
-  if (stop.poll && stop.requested) learn.add_cb(std::make_shared<callbacks::PollForStop>(stop.poll, stop.requested));
-  if (stop.requested && !keeps_checkpoints) learn.add_cb(std::make_shared<callbacks::StopOnRequest>(stop.requested));
-}
 
-namespace {
-std::mutex g_run_turn;
-thread_local int g_turns_held = 0;  // this thread's nested turns
-} // namespace
-
-RunTurn::RunTurn() {
-  if (g_turns_held++ > 0) return;
-  if (g_run_turn.try_lock()) return;
-  std::cout << "mixtrain: another run is in progress in this process; this one starts when it ends" << std::endl;
-  g_run_turn.lock();
-}
-
-RunTurn::~RunTurn() {
-  if (--g_turns_held == 0) g_run_turn.unlock();
-}
 
 TrainResult train(RunArgs a, const StopFlags& stop) {
   const RunTurn turn;
@@ -396,139 +373,6 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   if (a.report_files)
     std::cout << "written: " << folder.file("lr_find.svg") << " " << folder.file("lr_find.csv") << std::endl;
   return res;
-}
-
-std::map<std::string, std::string> doctor_charts(const diagnose::Diagnosis& d) {
-  std::map<std::string, std::string> charts;
-  if (d.evidence.fp32 || d.evidence.mixed) charts["loss"] = diagnose::loss_curves_svg(d.evidence, d.trials);
-  if (d.evidence.mixed && d.evidence.mixed->scale.has_scale) charts["scale"] = diagnose::scale_history_svg(*d.evidence.mixed);
-  return charts;
-}
-
-diagnose::Diagnosis doctor(RunArgs a, const OptionWords& words, const StopFlags& stop) {
-  if (!a.from_run.empty()) return doctor_from(std::move(a), words, stop);
-  if (a.loop) return doctor_from_loop(std::move(a), words, stop);
-  for (const auto& [key, given] : {std::pair<std::string, bool>{"at", a.at != -1}, {"window", a.window != -1}})
-    if (given)
-      throw OptionError(key, Phrase::name(key) + " picks what " + Phrase::name("from_run") +
-                                 " replays; without it the doctor trains both runs from scratch");
-  const RunTurn turn;
-  validate(a, Command::kDoctor);
-  const RunConfig& r = a.config;
-  check_doctor_compares(r.precision);
-  if (!r.lr.one_for_all())
-    throw OptionError("lr", "mixtrain doctor takes one " + Phrase::name("lr") + ", got " + r.lr.str() +
-                                " (it trains the model as one parameter group)");
-  const RunStart start = start_run(a, /*world_size=*/1);
-  const int threads = start.threads;
-  const data::DatasetSplit& split = start.split;
-  // A bad island is an error before the baseline trains.
-  if (!r.precision_options.keep_fp32().empty()) amp::check_islands(r.precision_options.keep_fp32(), build_model(a).module());
-  // So is the model's fit to both splits, before the folder is created (the runs build their own).
-  (void)build_learner(a, split, /*progress=*/false);
-  if (a.out.empty()) a.out = RunFolder::default_path("doctor-");
-  a.out = RunFolder::resolve(a.out);
-  const RunFolder folder(a.out);
-  folder.refuse_run("the doctor");
-  folder.prepare();
-
-  int built = 0;
-  diagnose::LearnerFactory factory = [&]() {
-    // The two runs say what they are; a trial's own line ("doctor: trial 1: ...") says what it runs.
-    if (built < 2)
-      std::cout << (built == 0 ? "doctor: 1/2 fp32 baseline"
-                               : "doctor: 2/2 " + precision_name(r.precision) + " run, same seed, weights and data order")
-                << std::endl;
-    ++built;
-    auto learn = build_learner(a, split, /*progress=*/true);
-    add_stop_callbacks(*learn, stop, /*keeps_checkpoints=*/false);
-    return learn;
-  };
-  std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train samples, " << r.epochs
-            << " epoch(s), lr " << r.lr.last() << ", bs " << r.bs << ", fp32 vs " << precision_name(r.precision) << ", "
-            << threads << " thread(s)" << std::endl;
-  // diagnosis.json holds the verdict before the first trial starts and grows a row
-  // as each trial ends: a trial that dies, or a stop, leaves what was known.
-  DoctorProgress progress(folder, words, stop, a.report_files);
-  const auto keep = [&](const diagnose::Diagnosis& now) { progress.keep(now); };
-  diagnose::Diagnosis d = progress.run([&] {
-    return diagnose::compare(factory, diagnose::CompareOptions()
-                                       .epochs(r.epochs)
-                                       .lr(r.lr.last())
-                                       .precision(r.precision)
-                                       .precision_options(PrecisionOptions(r.precision_options).rounding_seed(r.seed))
-                                       .max_trials(a.no_trials ? 0 : a.max_trials)
-                                       .apply_setting(apply_setting)
-                                       .seed(r.seed)
-                                       .side_by_side(true)  // build_learner's Learners share nothing
-                                       .head_start(a.head_start)
-                                       .while_waiting([&stop] {
-                                         if (stop.poll && stop.requested && stop.poll()) stop.requested->store(true);
-                                       })
-                                       .on_progress(keep));
-  });
-  write_doctor_outputs(d, folder, words, a, "");
-  return d;
-}
-
-void DoctorProgress::keep(const diagnose::Diagnosis& now) {
-  known_ = now;
-  write_file_atomically(folder_.file("diagnosis.json"), now.to_json(words_));
-  if (stop_.armed) stop_.armed->store(true);  // from here a stop has something to save
-}
-
-diagnose::Diagnosis DoctorProgress::run(const std::function<diagnose::Diagnosis()>& compare) {
-  try {
-    return compare();
-  } catch (const callbacks::StopRequested&) {
-    if (!known_) throw;  // stopped before the verdict: nothing to keep
-    known_->trials_status = "interrupted";
-    write_file_atomically(folder_.file("diagnosis.json"), known_->to_json(words_));
-    std::cerr << "mixtrain doctor: stopped during trial " << known_->trials.size() + 1 << "; verdict "
-              << diagnose::to_string(known_->verdict) << " and the " << known_->trials.size() << " trial(s) that ended "
-              << (keeps_files_ ? "are in " + folder_.file("diagnosis.json")
-                               : std::string("were known (no out= folder keeps them: pass out= to keep diagnosis.json)"))
-              << std::endl;
-    throw;
-  }
-}
-
-void check_doctor_compares(Precision precision) {
-  if (mode_of(precision).doctor_compares) return;
-  Phrase modes;
-  const std::vector<Precision> compared = modes_where(&PrecisionMode::doctor_compares);
-  for (size_t i = 0; i < compared.size(); ++i)
-    modes += (i == 0 ? "" : i + 1 == compared.size() ? " or " : ", ") + Phrase::setting("precision", precision_name(compared[i]));
-  throw OptionError("precision", "the doctor compares fp32 with " + modes + " (default: fp16), not " + precision_name(precision));
-}
-
-void write_doctor_outputs(const diagnose::Diagnosis& d, const RunFolder& folder, const OptionWords& words, const RunArgs& a,
-                          const std::string& next) {
-  write_file_atomically(folder.file("diagnosis.json"), d.to_json(words));
-  std::vector<std::string> written{folder.file("diagnosis.json")};
-  for (const auto& [name, svg] : doctor_charts(d)) {
-    write_file_atomically(folder.file(name + ".svg"), svg);
-    written.push_back(folder.file(name + ".svg"));
-  }
-  if (a.says_report) std::cout << "\n" << d.report(words) << next;
-  if (a.report_files) {
-    std::cout << "written:";
-    for (const auto& w : written) std::cout << " " << w;
-  }
-  std::cout << std::endl;
-}
-
-void apply_setting(const diagnose::Setting& setting, diagnose::MixedRun& run) {
-  const Option* o = find_option(setting.key);
-  TORCH_INTERNAL_ASSERT(o, "a trial sets '", setting.key, "', which is no option");
-  RunArgs a;
-  a.config.precision = run.precision;
-  a.config.precision_options = run.options;
-  a.config.clip = run.clip;
-  o->set(a, setting.value);
-  run.precision = a.config.precision;
-  run.options = a.config.precision_options;
-  run.clip = a.config.clip;
 }
 
 } // namespace mixtrain::run

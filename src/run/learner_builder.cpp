@@ -2,7 +2,7 @@
 
 #include "mixtrain/optim/optimizers.h"
 
-#include "mixtrain/run/branch.h"
+#include "mixtrain/run/loop_state.h"
 
 #include "mixtrain/amp/precision_options.h"
 #include "mixtrain/core/precision_modes.h"

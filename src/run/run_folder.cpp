@@ -107,4 +107,8 @@ std::map<std::string, std::string> RunFolder::write_charts(const Recorder& recor
   return charts;
 }
 
+std::string train_command(int ranks) {
+  return ranks > 1 ? "mixtrain launch --nproc " + std::to_string(ranks) + " -- train" : std::string("mixtrain train");
+}
+
 } // namespace mixtrain::run

@@ -8,6 +8,7 @@
 #include <mixtrain/util/warnings.h>
 #include <mixtrain/models/failure_site.h>
 #include <mixtrain/run/commands.h>
+#include <mixtrain/run/doctor.h>
 #include <mixtrain/run/run_folder.h>
 #include <mixtrain/callbacks/stop_on_request.h>
 

@@ -59,4 +59,8 @@ class RunFolder {
   std::string path_;
 };
 
+/// "mixtrain train", or the launch line a run of `ranks` data-parallel ranks goes on with:
+/// what a message names to continue the run in a folder (--resume, --from).
+std::string train_command(int ranks);
+
 } // namespace mixtrain::run
