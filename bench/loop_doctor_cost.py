@@ -135,7 +135,7 @@ print("  verdict %s; proven fix %s; trials %d" % (d.verdict, info.get("proven_fi
     "proven_fix") else None, len(info.get("trials", []))))
 print("  the last doctor's Python side: " + ", ".join("%s %.2f s" % kv for kv in parts.items()))
 timing = info.get("timing", {})
-order = ["setup", "fp32", "run's setup", "run", "after", "trials"]  # diagnosis.json sorts its keys
+order = ["setup", "pair", "fp32", "run's setup", "run", "after", "trials"]  # diagnosis.json sorts its keys
 print("  its native phases: " + (", ".join("%s %.2f s" % (k, timing[k]) for k in order if k in timing) or
                                  "(none recorded)") +
       "; before them (the branch's setup in run/) %.2f s" % (parts["native run"] - sum(timing.values())))

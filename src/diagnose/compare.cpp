@@ -225,15 +225,19 @@ class StopAfterSteps : public Callback {
 };
 
 /// Trains the next `window` steps of the run's schedule from where `learn` stands (a
-/// restored checkpoint), then validates: the window's evidence.
-RunEvidence replay_window(Learner& learn, const CompareOptions& o, int64_t window, const std::string& precision) {
-  const size_t from = learn.recorder().steps().size();
+/// restored checkpoint).
+void replay_fit(Learner& learn, const CompareOptions& o, int64_t window) {
   if (auto pc = learn.precision_cb()) pc->restart_lost_updates();
   std::vector<CallbackPtr> stop{std::make_shared<StopAfterSteps>(window)};
   if (o.one_cycle())
     learn.fit_one_cycle(o.epochs(), o.lr(), OneCycleOptions(), stop);
   else
     learn.fit(o.epochs(), o.lr(), stop);
+}
+
+/// The window's evidence once `learn` has replayed it from its step `from` (replay_fit),
+/// validated at the end.
+RunEvidence window_evidence(Learner& learn, size_t from, const std::string& precision) {
   RunEvidence r = detail::summarize_steps(learn, from, precision);
   // The window's own end: the mean of its last (up to 5) losses, as first_loss is of its
   // first. Not the Recorder's smoothed loss, which carries the run's history before the
@@ -248,6 +252,34 @@ RunEvidence replay_window(Learner& learn, const CompareOptions& o, int64_t windo
   return r;
 }
 
+/// Trains the next `window` steps of the run's schedule from where `learn` stands, then
+/// validates: the window's evidence.
+RunEvidence replay_window(Learner& learn, const CompareOptions& o, int64_t window, const std::string& precision) {
+  const size_t from = learn.recorder().steps().size();
+  replay_fit(learn, o, window);
+  return window_evidence(learn, from, precision);
+}
+
+/// The fp32 arm and the run's replayed beside each other (CompareOptions::side_by_side),
+/// where that changes no result: as compare's pair, each on half the threads. Sets
+/// `ev.fp32` and `ev.mixed` and returns true; false (nothing measured) where the pair
+/// cannot train side by side, or drew from the global generator after all.
+bool replay_side_by_side(Learner& base, Learner& mixed, const CompareOptions& o, int64_t window, Evidence& ev) {
+  std::vector<torch::Tensor> state;  // put back after why_not_side_by_side's probe forward
+  for (const auto& t : base.model().state_tensors()) state.push_back(t.clone());
+  if (detail::share_tensors(base, mixed) || !detail::why_not_side_by_side(base, o, state).empty()) return false;
+  const size_t base_from = base.recorder().steps().size(), mixed_from = mixed.recorder().steps().size();
+  const detail::KeepGlobalRng keep;  // the pair seeds the generator; the arms' branch points set it
+  std::cout << "doctor: the fp32 arm replays beside the " << precision_name(o.precision()) << " run, "
+            << at::get_num_threads() / 2 << " thread(s) each" << std::endl;
+  if (!detail::fit_side_by_side(base, mixed, o, nullptr, {}, [&](Learner& learn) { replay_fit(learn, o, window); }))
+    return false;
+  ev.fp32 = window_evidence(base, base_from, "fp32");
+  ev.mixed = window_evidence(mixed, mixed_from, precision_name(o.precision()));
+  ev.side_by_side = true;
+  return true;
+}
+
 } // namespace
 
 Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o, int64_t window) {
@@ -257,32 +289,50 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
                                     std::to_string(kMinCompareSteps));
   Evidence ev;
   ev.branched = true;
-  PhaseClock clock;  // the arms run in turn, so each has its own phase
+  PhaseClock clock;
   const MixedRun own{o.precision(), o.precision_options(), 0};
-  {
-    std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
-    TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
-    ev.inputs = check_inputs(base->dls().train.dataset().x);
-    ev.start_valid_loss = start_valid_loss(*base);
-    clock.ends("setup");
-    ev.fp32 = replay_window(*base, o, window, "fp32");
-    clock.ends("fp32");
-  }
-  std::unique_ptr<Learner> mixed = at_branch(Arm::kRun, own);
-  TORCH_CHECK(mixed, "diagnose::compare_branch: the branch factory returned nothing");
   const bool fp16 = compute_dtype(o.precision()) == torch::kHalf;
-  const data::Batch probe = detail::probe_batch(*mixed);
-  if (fp16) {
-    const detail::KeepGlobalRng keep;
-    ev.trace_start = trace_overflow(*mixed, probe);
+  std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
+  TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
+  ev.inputs = check_inputs(base->dls().train.dataset().x);
+  ev.start_valid_loss = start_valid_loss(*base);
+  std::unique_ptr<Learner> mixed;
+  std::optional<data::Batch> probe;
+  const auto run_arm = [&] {
+    mixed = at_branch(Arm::kRun, own);
+    TORCH_CHECK(mixed, "diagnose::compare_branch: the branch factory returned nothing");
+    probe = detail::probe_batch(*mixed);
+    if (fp16) {
+      const detail::KeepGlobalRng keep;
+      ev.trace_start = trace_overflow(*mixed, *probe);
+    }
+  };
+  if (o.side_by_side()) {
+    run_arm();
+    clock.ends("setup");
+    if (replay_side_by_side(*base, *mixed, o, window, ev)) {
+      clock.ends("pair");
+    } else {  // the arms train in turn, each built again from its branch point
+      base = at_branch(Arm::kFp32, own);
+      mixed.reset();
+    }
   }
-  clock.ends("run's setup");
-  ev.mixed = replay_window(*mixed, o, window, precision_name(o.precision()));
-  clock.ends("run");
+  if (!ev.side_by_side) {
+    // In turn: each arm has its own phase.
+    if (clock.empty()) clock.ends("setup");
+    ev.fp32 = replay_window(*base, o, window, "fp32");
+    base.reset();
+    clock.ends("fp32");
+    run_arm();
+    clock.ends("run's setup");
+    ev.mixed = replay_window(*mixed, o, window, precision_name(o.precision()));
+    clock.ends("run");
+  }
+  base.reset();
   if (fp16) {
-    ev.trace_end = trace_overflow(*mixed, probe);
+    ev.trace_end = trace_overflow(*mixed, *probe);
     auto pc = mixed->precision_cb();
-    ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
+    ev.gradients = measure_gradients(*mixed, *probe, pc ? pc->loss_scale() : 1.0);
   }
   mixed.reset();
   Diagnosis d = decide(std::move(ev));

@@ -126,7 +126,13 @@ class AskAboutTheHeadStart : public Callback {
 } // namespace
 
 bool fit_side_by_side(Learner& baseline, Learner& run, const CompareOptions& o, HeadStartTrial* head,
-                      const HeadStartTrial::Keep& keep) {
+                      const HeadStartTrial::Keep& keep, const TrainArm& train) {
+  const auto train_arm = [&](Learner& learn) {
+    if (train)
+      train(learn);
+    else
+      fit(learn, o, /*seed=*/false);
+  };
   const int threads = at::get_num_threads();
   const int half = threads / 2;
   std::atomic<bool> baseline_failed{false}, run_failed{false}, baseline_done{false}, run_ended{false};
@@ -151,7 +157,7 @@ bool fit_side_by_side(Learner& baseline, Learner& run, const CompareOptions& o, 
     at::init_num_threads();
     at::set_num_threads(half);
     try {
-      fit(run, o, /*seed=*/false);
+      train_arm(run);
     } catch (...) {
       run_error = std::current_exception();
       run_failed = true;
@@ -172,7 +178,7 @@ bool fit_side_by_side(Learner& baseline, Learner& run, const CompareOptions& o, 
     }
   } join_on_exit{worker, baseline_failed};
   try {
-    fit(baseline, o, /*seed=*/false);
+    train_arm(baseline);
   } catch (...) {
     baseline_error = std::current_exception();
     baseline_failed = true;

@@ -135,7 +135,9 @@ class HeadStartTrial {
 /// trains on this thread, and `keep` (called once `run` has ended) decides whether it goes on.
 /// Returns false, having trained both, when the global generator moved after all (a draw
 /// the probe forward did not make): the pair must train again, in turn.
+/// `train`, when given, is how each arm trains instead of fit's schedule (a branch's window).
+using TrainArm = std::function<void(Learner&)>;
 bool fit_side_by_side(Learner& baseline, Learner& run, const CompareOptions& o, HeadStartTrial* head,
-                      const HeadStartTrial::Keep& keep);
+                      const HeadStartTrial::Keep& keep, const TrainArm& train = {});
 
 } // namespace mixtrain::diagnose::detail

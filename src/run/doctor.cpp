@@ -37,6 +37,14 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+/// What the calling thread checks while it waits for an arm on another (side by side): the
+/// front end's stop poll, which only its own thread can run (Python's signal handlers).
+std::function<void()> stop_check(const StopFlags& stop) {
+  return [stop] {
+    if (stop.poll && stop.requested && stop.poll()) stop.requested->store(true);
+  };
+}
+
 /// RunArgs::out as the doctor writes into it: a new doctor-<time> folder when none is
 /// given, and the folder the path names once created (RunFolder::resolve).
 std::string doctor_out(RunArgs& a) {
@@ -186,9 +194,7 @@ diagnose::Diagnosis doctor_from_scratch(RunArgs a, const OptionWords& words, con
       session.options(r, PrecisionOptions(r.precision_options).rounding_seed(r.seed), r.lr.last())
           .side_by_side(true)  // build_learner's Learners share nothing
           .head_start(a.head_start)
-          .while_waiting([&stop] {
-            if (stop.poll && stop.requested && stop.poll()) stop.requested->store(true);
-          });
+          .while_waiting(stop_check(stop));
   const diagnose::Diagnosis d = session.run([&] { return diagnose::compare(factory, options); });
   session.finish(d, "");
   return d;
@@ -524,7 +530,14 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
   };
   session.replays(replay);
   const diagnose::Diagnosis d = session.run(
-      [&] { return diagnose::compare_branch(at_loop, session.options(r, own_options, lr).one_cycle(false), window); });
+      [&] {
+        return diagnose::compare_branch(at_loop,
+                                        session.options(r, own_options, lr)
+                                            .one_cycle(false)
+                                            .side_by_side(true)  // build_learner's Learners share nothing
+                                            .while_waiting(stop_check(stop)),
+                                        window);
+      });
   session.finish(d, "");
   return d;
 }

@@ -571,6 +571,33 @@ def test_a_bf16_model_with_its_adamw_is_the_pure_bf16_case(capfd):
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())  # given back as it came
 
 
+def _without_times(d):
+    """A diagnosis as JSON without its wall-clock times."""
+    if isinstance(d, dict):
+        return {k: _without_times(v) for k, v in d.items()
+                if k not in ("seconds", "timing") and not k.endswith("_seconds")}
+    if isinstance(d, list):
+        return [_without_times(v) for v in d]
+    return d
+
+
+def test_a_loops_two_arms_replay_beside_each_other_and_two_doctors_agree_bitwise(capfd):
+    # A bf16 loop from its start at a small lr: lost_updates, and its first trial (stochastic
+    # rounding) runs, so the trial's numbers are compared too.
+    model, opt, batches = _loop(lambda p: torch.optim.AdamW(p, lr=1e-4), dtype=torch.bfloat16, steps_before=0)
+    first = mixtrain.doctor(model, iter(batches), optimizer=opt, steps=48, threads=2, max_trials=1)
+    out = capfd.readouterr().out
+    assert "the fp32 arm replays beside the bf16-pure run, 1 thread(s) each" in out
+    timing = first.to_dict()["timing"]
+    assert set(timing) == {"setup", "pair", "after", "trials"}  # the arms as one phase: side by side
+    assert first.verdict == "lost_updates" and len(first.to_dict()["trials"]) == 1
+    second = mixtrain.doctor(model, iter(batches), optimizer=opt, steps=48, threads=2, max_trials=1)
+    assert _without_times(second.to_dict()) == _without_times(first.to_dict())
+    # On one thread there is no pair: the arms replay in turn, each its own phase.
+    single = mixtrain.doctor(model, iter(batches), optimizer=opt, steps=48, threads=1, no_trials=True)
+    assert {"fp32", "run"} <= set(single.to_dict()["timing"])
+
+
 def test_a_grad_scalers_scale_and_settings_start_the_fp16_arm():
     model, opt, batches = _loop(lambda p: torch.optim.AdamW(p, lr=1e-3), steps_before=0)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=4)

@@ -20,7 +20,7 @@ struct PrecisionMode {
   bool scales_loss;          ///< fp16's GradScaler, or the masters' loss scale
   bool master_weights;       ///< 16-bit weights with an fp32 master copy
   bool pure;                 ///< 16-bit weights without an fp32 copy
-  bool doctor_compares;      ///< the doctor compares it with fp32 (from scratch, from a checkpoint, from a loop)
+  bool doctor_compares;      ///< the doctor compares it with fp32 from scratch and from a loop (a run's checkpoint in any mixed mode is replayed as it trained)
   bool fit_warning;          ///< a fit in it ends with the skips / lost-updates warning
   bool takes_islands;        ///< keep_fp32 applies (every mode but fp32)
 };

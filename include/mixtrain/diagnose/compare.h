@@ -74,7 +74,10 @@ struct CompareOptions {
   /// baseline's threads (head_start). Off unless asked: the
   /// baseline's callbacks then run on another thread, and a factory's callbacks that
   /// share state between the Learners would race. run::doctor (the CLI, Python)
-  /// asks: its Learners share nothing.
+  /// asks: its Learners share nothing. compare_branch takes it too (the fp32 arm and the
+  /// run's replayed side by side; no head start): the doctor of a training loop asks,
+  /// and the doctor of a run's checkpoint does not, since its replay must compute what
+  /// the run computed, at the run's thread count, to be checked against its steps.csv.
   TORCH_ARG(bool, side_by_side) = false;
   /// With side_by_side: start lost_updates' first trial on the baseline's threads once the
   /// baseline has ended; it goes on with every thread if the verdict agrees, else stops
@@ -137,8 +140,9 @@ using BranchFactory = std::function<std::unique_ptr<Learner>(Arm arm, const Mixe
 /// in the run's precision (options.precision()), on the same batches, each validated at
 /// the end; then the verdict by the same rules (Evidence::branched set), and the
 /// verdict's trials, each the window again from the same checkpoint. Its cost is
-/// (2 + trials) windows, whatever the run's length. Throws OptionError("window") below
-/// kMinCompareSteps.
+/// (2 + trials) windows, whatever the run's length, or about (1 + trials) with
+/// options.side_by_side() where the two arms can train beside each other. Throws
+/// OptionError("window") below kMinCompareSteps.
 Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& options, int64_t window);
 
 /// What a finished run's Recorder says: every step it recorded, and the last epoch;

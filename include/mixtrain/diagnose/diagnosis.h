@@ -200,9 +200,10 @@ struct Diagnosis {
   /// "setup" (the learners, the starting validation, the probes), "pair" (the fp32 and mixed
   /// runs, beside each other or in turn), "after" (the overflow trace at the end, gradient
   /// health, the verdict) and "trials" (each also in Trial::seconds). A replayed window
-  /// (compare_branch), whose arms run in turn: "setup" (the fp32 arm's branch and the
+  /// (compare_branch) whose arms run in turn: "setup" (the fp32 arm's branch and the
   /// starting validation), "fp32", "run's setup" (its branch and probe), "run", "after",
-  /// "trials".
+  /// "trials"; with its arms side by side: "setup" (both branches, the probe), "pair",
+  /// "after", "trials".
   std::vector<std::pair<std::string, double>> timing;
 
   bool healthy() const { return verdict == Verdict::kHealthy; }
