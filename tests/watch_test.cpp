@@ -10,6 +10,7 @@
 #include <mixtrain/mixtrain.h>
 
 #include <cmath>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -232,6 +233,60 @@ TEST_F(WatchTest, ABf16ModelUnderMixtrainsAdamWAtASmallLrLosesUpdatesCountedExac
       EXPECT_TRUE(said.empty());
     }
   }
+}
+
+// libtorch's own AdamW exposes no update: on the sampled steps (0, 10, 20) the watch counts, per
+// 16-bit weight, the elements with a nonzero gradient and those of them the step left unchanged.
+// The same loop unwatched, counted by hand on those steps, gives the same numbers.
+TEST_F(WatchTest, ABf16ModelUnderLibtorchsAdamWCountsOnSampledStepsWhatEachStepLeftUnchanged) {
+  auto [x, y] = watch_data(512, 3);
+  std::map<std::string, std::pair<int64_t, int64_t>> by_hand, watched;
+  for (const bool watch_it : {true, false}) {
+    torch::manual_seed(0);
+    WatchDrifting model;
+    model->to(torch::kBFloat16);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-5));
+    std::vector<std::string> said;
+    const WarningsTo to([&](const Phrase& w) { said.push_back(w.str()); });
+    std::optional<Watch> watch;
+    if (watch_it) watch.emplace(*model, opt, nullptr, WatchOptions().every(10));
+    for (int64_t i = 0; i < 30; ++i) {
+      const int64_t at = i * 32 % x.size(0);
+      std::vector<torch::Tensor> before;
+      if (!watch_it && i % 10 == 0)
+        for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+      opt.zero_grad();
+      const torch::Tensor out = model->forward(x.slice(0, at, at + 32).to(torch::kBFloat16));
+      torch::nn::functional::cross_entropy(out.to(torch::kFloat), y.slice(0, at, at + 32)).backward();
+      opt.step();
+      if (watch) watch->after_step();
+      if (before.empty()) continue;
+      size_t k = 0;
+      for (const auto& named : model->named_parameters()) {
+        const torch::Tensor moved = named.value().grad().ne(0);
+        by_hand[named.key()].first += moved.sum().item<int64_t>();
+        by_hand[named.key()].second += moved.logical_and(named.value().eq(before[k++])).sum().item<int64_t>();
+      }
+    }
+    if (!watch_it) continue;
+    const auto& report = watch->report();
+    ASSERT_EQ(report.verdict, "lost_updates") << watch->report_text();
+    EXPECT_NE(report.evidence[0].find("on the sampled steps (1 in 10), the elements with a nonzero gradient whose 16-bit "
+                                      "weight the step left unchanged"),
+              std::string::npos)
+        << report.evidence[0];
+    EXPECT_EQ(said.size(), 1u);
+    for (const auto& c : watch->evidence().lost) watched[c.param] = {c.intended, c.lost};
+  }
+  EXPECT_EQ(watched, by_hand);
+  int64_t intended = 0, lost = 0;
+  for (const auto& [name, c] : by_hand) {
+    intended += c.first;
+    lost += c.second;
+  }
+  EXPECT_GT(intended, 0);
+  EXPECT_GT(lost, intended * 3 / 4);  // lr 1e-5 in bf16: most updates round away
+  EXPECT_LT(lost, intended);          // but not all: the count is not the trivial one
 }
 
 TEST_F(WatchTest, HealthyLoopsAreHealthyAndWatchedOrNotTheWeightsAreBitwiseTheSame) {

@@ -28,7 +28,6 @@ import inspect
 import json
 import numbers
 import os
-import re
 import shutil
 import tempfile
 import warnings
@@ -907,11 +906,6 @@ def train(model, data, *, valid=None, out=None, max_samples=_MAX_SAMPLES, **opti
     native, script, how, run = _call("train", model, data, valid, out, options, max_samples)
     run.close()
     result = Result(script, how, native)
-    if result.stopped and out is None:
-        # Without out= the run's folder is gone once the call returns: the model is what holds that state.
-        result.stopped = re.sub(r"saved(, for inspection only,)? to \S+checkpoint-\d+\.pt",
-                                lambda m: "held by the returned model%s (no out= folder, so no file)" % (
-                                    ", for inspection only" if m.group(1) else ""), result.stopped)
     if result.stopped:
         warnings.warn("mixtrain.train stopped: " + result.stopped, MixtrainWarning, stacklevel=2)
     return result

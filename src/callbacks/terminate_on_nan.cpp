@@ -69,12 +69,15 @@ void TerminateOnNaN::judge(Learner& learn, bool scaled) {
       bad_buffers.empty() ? "" : "; the buffers " + bad_buffers + " are not" +
                                      (inputs_finite ? "" : " (the batch's non-finite inputs reached them)");
   std::string where = "no checkpoint written (no run directory)";
-  if (checkpointer_)
-    where = (params_finite && bad_buffers.empty() ? std::string("last good state saved to ")
-             : params_finite                       ? "the parameters are finite" + buffers_note + "; that state saved to "
-                           : "the weights are already non-finite (an earlier step made them so); that state "
-                             "saved, for inspection only, to ") +
-            checkpointer_->save(learn);
+  if (checkpointer_) {
+    const std::string path = checkpointer_->save(learn);
+    const std::string kept = holder_.empty() ? "saved to " + path : "held by " + holder_;
+    const std::string for_inspection =
+        holder_.empty() ? "saved, for inspection only, to " + path : "held by " + holder_ + ", for inspection only";
+    where = params_finite && bad_buffers.empty() ? "last good state " + kept
+            : params_finite                       ? "the parameters are finite" + buffers_note + "; that state " + kept
+                            : "the weights are already non-finite (an earlier step made them so); that state " + for_inspection;
+  }
   if (!inputs_finite)
     message_ = "the loss became " + std::string(std::isnan(loss) ? "NaN" : "inf") + " at step " +
                std::to_string(learn.train_iter()) + ": this batch's inputs hold NaN/inf; " + where +

@@ -302,6 +302,16 @@ struct Watch::State {
   std::vector<PendingGrads> grads;
   int64_t overflow_steps_noted = 0;
   std::unique_ptr<ModuleRangeTracer> ranges;  // on a sampled step
+  // A libtorch optimizer's lost updates, on sampled steps: the 16-bit weights before the
+  // step (aligned with `named`; undefined where not 16-bit), and per counted step the
+  // [intended, lost] counts of each, kept on the device until the block's read.
+  bool count_by_copy = false;
+  std::vector<torch::Tensor> before;
+  struct PendingLost {
+    std::vector<std::string> names;
+    torch::Tensor counts;
+  };
+  std::vector<PendingLost> pending_lost;
   WatchReport report;
   bool read_once = false, warned = false, closed = false;
 
@@ -334,6 +344,40 @@ struct Watch::State {
     lost_before = now;
   }
 
+  /// Before a sampled step (libtorch's optimizers): a copy of each 16-bit weight.
+  void copy_weights() {
+    if (!count_by_copy) return;
+    torch::NoGradGuard no_grad;
+    before.clear();
+    for (const auto& [name, p] : named)
+      before.push_back(p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf ? p.detach().clone()
+                                                                                            : torch::Tensor());
+  }
+
+  /// After the sampled step: each 16-bit weight's elements with a nonzero gradient
+  /// (intended), and those of them the step left unchanged (lost); a step the scaler skipped
+  /// changed nothing on purpose and is not counted.
+  void count_unchanged(bool skipped) {
+    if (before.empty()) return;
+    if (!skipped) {
+      torch::NoGradGuard no_grad;
+      PendingLost out;
+      std::vector<torch::Tensor> counts;
+      for (size_t i = 0; i < named.size(); ++i) {
+        const torch::Tensor& p = named[i].second;
+        if (!before[i].defined() || !p.grad().defined()) continue;
+        const torch::Tensor moved = p.grad().ne(0);
+        out.names.push_back(named[i].first);
+        counts.push_back(torch::stack({moved.sum(), moved.logical_and(p.eq(before[i])).sum()}));
+      }
+      if (!counts.empty()) {
+        out.counts = torch::stack(counts);
+        pending_lost.push_back(std::move(out));
+      }
+    }
+    before.clear();
+  }
+
   void note_nonfinite_grads() {
     std::vector<std::string> names;
     std::vector<torch::Tensor> flags;
@@ -352,6 +396,7 @@ struct Watch::State {
     for (const auto& s : samples)
       for (const auto& m : s.modules) parts.push_back(m.largest.reshape({1}).to(torch::kDouble));
     for (const auto& g : grads) parts.push_back(g.flags.to(torch::kDouble));
+    for (const auto& l : pending_lost) parts.push_back(l.counts.flatten().to(torch::kDouble));
     std::vector<double> values;
     if (!parts.empty()) {
       const torch::Tensor all = torch::cat(parts).cpu().contiguous();
@@ -371,6 +416,13 @@ struct Watch::State {
       if (!out.params.empty()) evidence.nonfinite_grads.push_back(std::move(out));
     }
     grads.clear();
+    for (const auto& l : pending_lost)
+      for (const auto& name : l.names) {
+        auto& c = lost[name];
+        c.first += static_cast<int64_t>(values[at++]);
+        c.second += static_cast<int64_t>(values[at++]);
+      }
+    pending_lost.clear();
     evidence.lost.clear();
     for (const auto& [name, c] : lost) evidence.lost.push_back({name, c.first, c.second});
     if (ours) evidence.weight_update = amp::weight_update_name(ours->rounding().weight_update());
@@ -413,8 +465,14 @@ Watch::Watch(torch::nn::Module& model, torch::optim::Optimizer& optimizer, amp::
     e.lost_counted = "every step, exact, from mixtrain::optim's update pass";
     state->lost_before = state->ours->lost_updates_per_param();
   } else if (sixteen_bit) {
-    e.lost_counted = "the 16-bit weights' lost updates are not counted: libtorch's optimizers do not expose their update "
-                     "(mixtrain::optim's count it exactly)";
+    // libtorch's optimizers do not expose their update: on a sampled step the weights are
+    // compared with a copy taken before it. Whether an element moved is exact; that its
+    // update was meant to be nonzero is read from its gradient.
+    state->count_by_copy = true;
+    e.lost_counted = "on the sampled steps (1 in " + std::to_string(options.every()) +
+                     "), the elements with a nonzero gradient whose 16-bit weight the step left unchanged, against a copy "
+                     "taken before it (libtorch's optimizers do not expose their update; mixtrain::optim's count every step "
+                     "exactly)";
   }
   // Registered last, so that a watch that fails to start leaves the model free.
   {
@@ -424,6 +482,7 @@ Watch::Watch(torch::nn::Module& model, torch::optim::Optimizer& optimizer, amp::
   }
   try {
     state->arm();  // the first step is sampled
+    state->copy_weights();
   } catch (...) {
     std::lock_guard<std::mutex> lock(watched_mutex);
     watched_models().erase(&model);
@@ -443,20 +502,24 @@ void Watch::after_step() {
   State& s = *state_;
   if (s.closed) throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "Watch::after_step after close()");
   s.disarm(/*keep=*/true);
+  bool skipped = false;
   if (s.scaler) {
     const double scale = s.scaler->get_scale();  // the host mirror: no read
     const double previous = s.evidence.scales.empty() ? s.evidence.initial_scale : s.evidence.scales.back();
-    if (scale < previous && s.overflow_steps_noted < kWatchedOverflowSteps) {
+    skipped = scale < previous;  // the scaler backs off exactly when it skipped the step
+    if (skipped && s.overflow_steps_noted < kWatchedOverflowSteps) {
       ++s.overflow_steps_noted;
       s.note_nonfinite_grads();
     }
     s.evidence.scales.push_back(scale);
   }
   s.count_lost();
+  s.count_unchanged(skipped);
   ++s.evidence.steps;
   if (s.evidence.steps % s.every == 0) {
     s.read();
     s.arm();
+    s.copy_weights();
   }
 }
 

@@ -223,6 +223,8 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   const bool last_rank = env.rank == env.world_size - 1;
   if (a.interrupt_at_step >= 0 && last_rank) learn.add_cb(std::make_shared<testing::RaiseSigintAt>(a.interrupt_at_step));
   auto nan_stop = std::make_shared<callbacks::TerminateOnNaN>(r.max_bad_steps, checkpointer);
+  // A front end's temporary folder goes once the call returns: the state is the model's then.
+  if (!a.report_files) nan_stop->hold_state_in("the returned model (its run folder is temporary, so no file)");
   learn.add_cb(nan_stop);
   if (r.save_best || r.early_stop >= 0) check_monitor(learn, r.monitor);
   if (r.save_best) learn.add_cb(std::make_shared<callbacks::SaveModel>(r.monitor));

@@ -27,6 +27,11 @@ class TerminateOnNaN : public Callback {
   explicit TerminateOnNaN(int64_t max_bad_steps = 10, std::shared_ptr<Checkpointer> checkpointer = nullptr);
   std::string name() const override { return "TerminateOnNaN"; }
 
+  /// Where the message says the stopped state is when the checkpoint's folder is not the
+  /// caller's to keep (a front end's temporary folder): "held by <holder>" instead of the
+  /// checkpoint's path.
+  void hold_state_in(std::string holder) { holder_ = std::move(holder); }
+
   bool triggered() const { return triggered_; }
   /// One line saying what happened, what was saved where, and what to try.
   const std::string& message() const { return message_; }
@@ -39,6 +44,7 @@ class TerminateOnNaN : public Callback {
   void judge(Learner& learn, bool scaled);
   int64_t max_bad_steps_;
   std::shared_ptr<Checkpointer> checkpointer_;
+  std::string holder_;
   int64_t bad_in_a_row_ = 0;
   bool triggered_ = false;
   std::string message_;

@@ -6,7 +6,8 @@
 /// - judge_watch(): the verdict from what a watch recorded. Python's mixtrain.watch and
 ///   diagnose::Watch below both ask it, so the thresholds and the evidence's words live here.
 /// - diagnose::Watch: the recorder for a libtorch loop over amp::GradScaler and any
-///   torch::optim::Optimizer (the lost-update count is exact with mixtrain::optim's).
+///   torch::optim::Optimizer (the lost-update count is exact, every step, with mixtrain::optim's;
+///   sampled with libtorch's).
 ///
 /// Example (one line after the update, the loop otherwise unchanged):
 ///   mixtrain::diagnose::Watch watch(*model, opt, &scaler);   // every 100 steps by default
@@ -30,8 +31,10 @@
 ///   module is the ModuleScope an op runs in (the built-in models, TorchScript models), else
 ///   the module whose parameter the op reads; the op tracer sees the forward of that step only;
 /// - with mixtrain::optim, the element updates rounding threw away, counted by the update
-///   pass itself (exact, every step). libtorch's own optimizers do not expose their update,
-///   so their lost updates are not counted (the report says so).
+///   pass itself (exact, every step). libtorch's own optimizers do not expose their update:
+///   on sampled steps the 16-bit weights are compared with a copy taken before the step,
+///   counting the elements with a nonzero gradient that it left unchanged (the evidence
+///   says so).
 ///
 /// It warns once (mixtrain::warn) when a verdict's rule is met, and never changes what the
 /// loop computes: the weights are bitwise those of the loop unwatched (tested).
