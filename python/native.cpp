@@ -16,6 +16,7 @@
 #include <mixtrain/run/loop_state.h>
 #include <mixtrain/run/commands.h>
 #include <mixtrain/run/doctor.h>
+#include <mixtrain/models/failure_site.h>
 #include <mixtrain/models/scripted_model.h>
 #include <mixtrain/optim/update_rule.h>
 #include <mixtrain/diagnose/diagnosis.h>
@@ -201,7 +202,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
       args.data_source = std::make_shared<const mixtrain::data::DatasetSplit>(mixtrain::data::tensor_split(
           x, y, valid_x, valid_y ? *valid_y : at::Tensor(), args.config.seed, "data"));
     } catch (const c10::Error& e) {
-      throw py::value_error(e.what_without_backtrace());
+      throw py::value_error(mixtrain::innermost_message(e));
     }
   }
   // TorchScript's module type is registered by torch's own extension; the
@@ -452,9 +453,8 @@ PYBIND11_MODULE(_native, m) {
       PyErr_SetNone(PyExc_KeyboardInterrupt);
     } catch (const mixtrain::OptionError& e) {  // "invalid bs=0: must be >= 1", as Python writes the call
       PyErr_SetString(PyExc_ValueError, e.message(run::keyword_words()).c_str());
-    } catch (const c10::Error& e) {
-      const std::string what = e.what_without_backtrace();
-      PyErr_SetString(PyExc_RuntimeError, what.substr(0, what.find('\n')).c_str());
+    } catch (const c10::Error& e) {  // the line the CLI prints too (a TorchScript traceback's own error)
+      PyErr_SetString(PyExc_RuntimeError, mixtrain::innermost_message(e).c_str());
     }
   });
 }
