@@ -260,14 +260,21 @@ RunEvidence replay_window(Learner& learn, const CompareOptions& o, int64_t windo
   return window_evidence(learn, from, precision);
 }
 
-/// The fp32 arm and the run's replayed beside each other (CompareOptions::side_by_side),
-/// where that changes no result: as compare's pair, each on half the threads. Sets
-/// `ev.fp32` and `ev.mixed` and returns true; false (nothing measured) where the pair
-/// cannot train side by side, or drew from the global generator after all.
-bool replay_side_by_side(Learner& base, Learner& mixed, const CompareOptions& o, int64_t window, Evidence& ev) {
+/// Whether `base` (an arm at its branch point) may replay beside the run's arm
+/// (CompareOptions::side_by_side): as compare's pair, where that changes no result.
+bool may_replay_side_by_side(Learner& base, const CompareOptions& o) {
+  if (!o.side_by_side()) return false;
   std::vector<torch::Tensor> state;  // put back after why_not_side_by_side's probe forward
   for (const auto& t : base.model().state_tensors()) state.push_back(t.clone());
-  if (detail::share_tensors(base, mixed) || !detail::why_not_side_by_side(base, o, state).empty()) return false;
+  return detail::why_not_side_by_side(base, o, state).empty();
+}
+
+/// The fp32 arm and the run's replayed beside each other, each on half the threads. Sets
+/// `ev.fp32` and `ev.mixed` and returns true; false where the two share a tensor (nothing
+/// trained), or the pair drew from the global generator after all (both trained: they
+/// replay again, in turn).
+bool replay_side_by_side(Learner& base, Learner& mixed, const CompareOptions& o, int64_t window, Evidence& ev) {
+  if (detail::share_tensors(base, mixed)) return false;
   const size_t base_from = base.recorder().steps().size(), mixed_from = mixed.recorder().steps().size();
   const detail::KeepGlobalRng keep;  // the pair seeds the generator; the arms' branch points set it
   std::cout << "doctor: the fp32 arm replays beside the " << precision_name(o.precision()) << " run, "
@@ -307,7 +314,7 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
       ev.trace_start = trace_overflow(*mixed, *probe);
     }
   };
-  if (o.side_by_side()) {
+  if (may_replay_side_by_side(*base, o)) {
     run_arm();
     clock.ends("setup");
     if (replay_side_by_side(*base, *mixed, o, window, ev)) {

@@ -596,6 +596,17 @@ def test_a_loops_two_arms_replay_beside_each_other_and_two_doctors_agree_bitwise
     # On one thread there is no pair: the arms replay in turn, each its own phase.
     single = mixtrain.doctor(model, iter(batches), optimizer=opt, steps=48, threads=1, no_trials=True)
     assert {"fp32", "run"} <= set(single.to_dict()["timing"])
+    # Nor for a model that draws random numbers as it trains (dropout): in turn, each arm built once.
+    capfd.readouterr()
+    torch.manual_seed(0)
+    dropping = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 3)).to(torch.bfloat16)
+    x, y = blobs(2048)
+    drop_opt = torch.optim.AdamW(dropping.parameters(), lr=1e-4)
+    drawn = mixtrain.doctor(dropping, iter([(x[i:i + 32], y[i:i + 32]) for i in range(0, 1536, 32)]),
+                            optimizer=drop_opt, steps=48, threads=2, no_trials=True)
+    out = capfd.readouterr().out
+    assert "beside" not in out and out.count("doctor: 1/2 fp32 from the loop's state") == 1, out
+    assert {"fp32", "run"} <= set(drawn.to_dict()["timing"])
 
 
 def test_a_grad_scalers_scale_and_settings_start_the_fp16_arm():
