@@ -315,6 +315,11 @@ struct Watch::State {
   WatchReport report;
   bool read_once = false, warned = false, closed = false;
 
+  /// The weights whose updates can round away: bf16 and fp16 storage.
+  static bool sixteen_bit(const torch::Tensor& p) {
+    return p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf;
+  }
+
   State(torch::nn::Module& m, torch::optim::Optimizer& o, amp::GradScaler* s, int64_t n)
       : model(m), optimizer(o), scaler(s), every(n), ours(dynamic_cast<optim::RoundedSteps*>(&o)) {}
 
@@ -334,7 +339,7 @@ struct Watch::State {
       for (const auto& p : group.params()) {
         if (i >= now.size()) break;
         const auto before = now[i].intended < lost_before[i].intended ? amp::LostUpdates{} : lost_before[i];  // lost_updates() restarted it
-        if (p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf) {
+        if (sixteen_bit(p)) {
           auto& c = lost[i < optimizer_names.size() ? optimizer_names[i] : std::to_string(i)];
           c.first += now[i].intended - before.intended;
           c.second += now[i].lost - before.lost;
@@ -350,8 +355,7 @@ struct Watch::State {
     torch::NoGradGuard no_grad;
     before.clear();
     for (const auto& [name, p] : named)
-      before.push_back(p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf ? p.detach().clone()
-                                                                                            : torch::Tensor());
+      before.push_back(sixteen_bit(p) ? p.detach().clone() : torch::Tensor());
   }
 
   /// After the sampled step: each 16-bit weight's elements with a nonzero gradient
@@ -459,12 +463,12 @@ Watch::Watch(torch::nn::Module& model, torch::optim::Optimizer& optimizer, amp::
   e.every = options.every();
   if (scaler && scaler->is_enabled()) e.initial_scale = scaler->get_scale();
   else state->scaler = nullptr;
-  bool sixteen_bit = false;
-  for (const auto& [name, p] : state->named) sixteen_bit |= p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf;
+  bool any_sixteen_bit = false;
+  for (const auto& [name, p] : state->named) any_sixteen_bit |= State::sixteen_bit(p);
   if (state->ours) {
     e.lost_counted = "every step, exact, from mixtrain::optim's update pass";
     state->lost_before = state->ours->lost_updates_per_param();
-  } else if (sixteen_bit) {
+  } else if (any_sixteen_bit) {
     // libtorch's optimizers do not expose their update: on a sampled step the weights are
     // compared with a copy taken before it. Whether an element moved is exact; that its
     // update was meant to be nonzero is read from its gradient.

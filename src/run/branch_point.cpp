@@ -3,6 +3,7 @@
 #include "branch_point.h"
 
 #include "run/run_record.h"
+#include "util/comma_list.h"
 #include "util/read_file.h"
 #include "util/short_number.h"
 
@@ -17,7 +18,6 @@
 #include <cmath>
 #include <filesystem>
 #include <regex>
-#include <sstream>
 
 namespace mixtrain::run {
 
@@ -36,14 +36,6 @@ class StateSink : public Callback {
  private:
   std::string key_;
 };
-
-std::vector<std::string> split_keys(const std::string& joined) {
-  std::vector<std::string> out;
-  std::stringstream in(joined);
-  for (std::string k; std::getline(in, k, ',');)
-    if (!k.empty()) out.push_back(k);
-  return out;
-}
 
 } // namespace
 
@@ -73,7 +65,8 @@ BranchPoint read_branch_point(const std::string& checkpoint) {
               " has no callback list (damaged, or not a mixtrain checkpoint)");
   TORCH_CHECK(ar.try_read("learner.train_iter", step) && step.isTensor() && step.toTensor().numel() == 1, "Checkpoint ",
               checkpoint, " records no training step (damaged, or not a mixtrain checkpoint)");
-  p.callback_keys = split_keys(keys.toStringRef());
+  for (auto& key : mixtrain::detail::comma_list(keys.toStringRef()))  // the Learner writes them comma-joined
+    if (!key.empty()) p.callback_keys.push_back(std::move(key));
   p.step = step.toTensor().item<int64_t>();
   // A renamed file would make every step the report names wrong (its window, its --at).
   const std::string name = std::filesystem::path(checkpoint).filename().string();
