@@ -65,7 +65,6 @@ class DoctorSession {
       : a_(a), words_(words), stop_(stop), folder_(doctor_out(a)) {
     folder_.refuse_run("the doctor");
   }
-  const RunFolder& folder() const { return folder_; }
   /// Creates the folder: every input has been checked by now.
   void open() const { folder_.prepare(); }
   /// A replayed window: diagnosis.json holds `replay` from the first keep on, its seconds
