@@ -115,4 +115,31 @@ TEST(PrecisionTest, RunConfigRoundTripsThroughOneFieldTable) {
   EXPECT_THROW_WITH(RunConfig::from_json(wrong), "field 'epochs' has the wrong type");
 }
 
+// The precision table is where a mode is described: the help texts, the C++ call the
+// doctor prints, which modes the doctor traces overflow in, and the CPU's refusal are
+// all read from it.
+TEST(PrecisionTest, TheTableSaysEachModesHelpItsCallItsTracingAndItsCpuRefusal) {
+  const run::Option* precision = run::find_option("precision");
+  ASSERT_NE(precision, nullptr);
+  for (const auto& m : precision_modes()) {
+    // util's phrase names the call without seeing the table: the two must agree.
+    EXPECT_EQ(api_words().setting("precision", m.name), m.api_call) << m.name;
+    EXPECT_NE(precision->help_in(run::Command::kTrain).find(std::string(m.name) + " (" + m.summary + ")"), std::string::npos)
+        << m.name;
+    EXPECT_NE(precision->help_in(run::Command::kLrFind).find(m.name), std::string::npos) << m.name;
+    if (!m.cpu_refusal) EXPECT_NO_THROW(check_mode_runs_on(m.precision, /*device_is_cpu=*/true)) << m.name;
+    EXPECT_NO_THROW(check_mode_runs_on(m.precision, /*device_is_cpu=*/false)) << m.name;
+  }
+  EXPECT_EQ(precision->help_in(run::Command::kDoctor), "The precision compared with fp32: fp16 (default), bf16 or bf16-pure");
+  EXPECT_THROW_WITH(check_mode_runs_on(Precision::kFp16Master, true),
+                    "precision fp16-master needs CUDA (libtorch has no CPU half matmul); use "
+                    "to_half(MasterWeightsOptions().dtype(kBFloat16)), or to_fp16() (emulated on CPU)");
+  // fp16 compute is traced from scratch and from a run's checkpoint alike (fp16-master is
+  // replayed only from a checkpoint, on CUDA); fp16's GradScaler is fp16's alone.
+  EXPECT_EQ(modes_where(&PrecisionMode::traces_overflow), (std::vector<Precision>{Precision::kFp16, Precision::kFp16Master}));
+  EXPECT_EQ(modes_where(&PrecisionMode::grad_scaler), std::vector<Precision>{Precision::kFp16});
+  EXPECT_EQ(modes_where(&PrecisionMode::autocast), (std::vector<Precision>{Precision::kFp16, Precision::kBf16}));
+  EXPECT_EQ(mode_names(modes_where(&PrecisionMode::doctor_compares)), "fp16, bf16 or bf16-pure");
+}
+
 } // namespace

@@ -5,6 +5,7 @@
 
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/master_weights.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/pure_bf16.h"
 #include "mixtrain/core/learner.h"
@@ -13,7 +14,7 @@
 namespace mixtrain {
 
 void validate_precision(Precision precision, const PrecisionOptions& options, const torch::Device& device) {
-  if (precision == Precision::kFp16) amp::validate(options.scaler());
+  if (mode_of(precision).grad_scaler) amp::validate(options.scaler());
   if (uses_master_weights(precision)) {
     auto master = options.master();
     amp::validate(master.dtype(compute_dtype(precision)));
@@ -22,10 +23,7 @@ void validate_precision(Precision precision, const PrecisionOptions& options, co
     throw OptionError("weight_update", Phrase::setting("weight_update", amp::weight_update_name(options.weight_update())) +
                                            " rounds 16-bit weights, which only " + Phrase::setting("precision", "bf16-pure") +
                                            " stores (" + precision_name(precision) + " keeps fp32 weights)");
-  if (precision == Precision::kFp16Master && device.is_cpu())
-    throw OptionError("precision", Phrase::name("precision") + " fp16-master needs CUDA (libtorch has no CPU half matmul); use " +
-                                       Phrase::setting("precision", "bf16-master") + ", or " +
-                                       Phrase::setting("precision", "fp16") + " (emulated on CPU)");
+  check_mode_runs_on(precision, device.is_cpu());
 }
 
 Learner& Learner::set_precision(Precision precision, const PrecisionOptions& options) {

@@ -4,6 +4,7 @@
 #include "diagnose/catalogue.h"
 
 #include "mixtrain/amp/loss_scale_rule.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/diagnose/fit_warning.h"
 #include "util/short_number.h"
 
@@ -59,7 +60,7 @@ std::string trial_number(double v) {
   return buf;
 }
 
-bool compares_fp16(const CompareOptions& o) { return o.precision() == Precision::kFp16; }
+bool compares_fp16(const CompareOptions& o) { return mode_of(o.precision()).grad_scaler; }
 
 const Fix& bf16_trial() {
   static const Fix kFix{"train in bf16", {{"precision", "bf16"}}};

@@ -73,10 +73,11 @@ double start_valid_loss(Learner& learn) {
 
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   TORCH_CHECK(mode_of(o.precision()).doctor_compares,
-              "diagnose::compare: precision must be fp16, bf16 or bf16-pure, got ", precision_name(o.precision()));
+              "diagnose::compare: precision must be ", mode_names(modes_where(&PrecisionMode::doctor_compares)), ", got ",
+              precision_name(o.precision()));
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;
-  const bool fp16 = o.precision() == Precision::kFp16;
+  const bool fp16 = mode_of(o.precision()).traces_overflow;
   PhaseClock clock;
 
   torch::manual_seed(o.seed());
@@ -298,7 +299,7 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
   ev.branched = true;
   PhaseClock clock;
   const MixedRun own{o.precision(), o.precision_options(), 0};
-  const bool fp16 = compute_dtype(o.precision()) == torch::kHalf;
+  const bool fp16 = mode_of(o.precision()).traces_overflow;
   std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
   TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
   ev.inputs = check_inputs(base->dls().train.dataset().x);

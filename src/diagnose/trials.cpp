@@ -71,7 +71,7 @@ Trial run_trial(const TrialRunner& runner, const CompareOptions& o, const Eviden
   Trial r;
   r.fix = c.fix;
   r.settings = c.settings;
-  r.run = runner(t, t.precision == Precision::kFp16 ? next_overflow : nullptr);
+  r.run = runner(t, mode_of(t.precision).traces_overflow ? next_overflow : nullptr);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Evidence e;
   e.fp32 = measured.fp32;

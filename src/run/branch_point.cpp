@@ -9,6 +9,7 @@
 
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/core/precision_callback.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/diagnose/compare.h"
 #include "mixtrain/util/option_error.h"
 
@@ -129,7 +130,7 @@ double working_scale(const Recorder& rec, double current, std::string* said) {
 PrecisionOptions with_run_scale(Learner& learn, Precision precision, PrecisionOptions options,
                                 const PrecisionOptions& run_options, std::string* said) {
   const auto pc = learn.precision_cb();
-  if (precision != Precision::kFp16 || !pc || !pc->loss_scaled() ||
+  if (!mode_of(precision).grad_scaler || !pc || !pc->loss_scaled() ||
       options.scaler().init_scale() != run_options.scaler().init_scale())
     return options;
   amp::GradScalerOptions scaler = options.scaler();

@@ -309,7 +309,7 @@ void place_at_stop(const std::string& from, const std::vector<std::string>& chec
   }
   at.notes.push_back(std::string("the run did not finish: branched from ") +
                      (at.checkpoint == checkpoints.front() ? "the state it stopped in" : "the last finite state before it"));
-  if (r.precision == Precision::kFp16) {
+  if (mode_of(r.precision).grad_scaler) {
     const std::unique_ptr<Learner> at_stop = restored(at.point);
     std::string said;
     if (const auto pc = at_stop->precision_cb(); pc && pc->loss_scaled()) working_scale(at_stop->recorder(), pc->loss_scale(), &said);

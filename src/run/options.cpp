@@ -28,6 +28,21 @@ namespace {
 
 constexpr unsigned kT = static_cast<unsigned>(Command::kTrain);
 constexpr unsigned kD = static_cast<unsigned>(Command::kDoctor);
+
+/// What the doctor compares with fp32 when --precision is not given.
+constexpr Precision kDoctorPrecision = Precision::kFp16;
+
+/// The modes' names for a help text, the default marked: "fp16 (default), bf16 or bf16-pure".
+std::string names_with_default(const std::vector<Precision>& modes, Precision fallback, const std::string& last) {
+  std::string out = mode_names(modes, last);
+  const std::string name = precision_name(fallback);
+  for (size_t at = out.find(name); at != std::string::npos; at = out.find(name, at + 1)) {
+    const size_t end = at + name.size();
+    const bool whole = (at == 0 || out[at - 1] == ' ') && (end == out.size() || out[end] == ',' || out[end] == ' ');
+    if (whole) return out.insert(end, " (default)");
+  }
+  return out;
+}
 constexpr unsigned kL = static_cast<unsigned>(Command::kLrFind);
 
 // ---- Text <-> values: the one form the CLI, args.json and Python share --------
@@ -227,12 +242,10 @@ std::vector<Option> make_table() {
                       {"auto", std::nullopt}, {"intra_op", ThreadPolicy::kIntraOp}, {"blas", ThreadPolicy::kBlas}},
                   MIXTRAIN_CONFIG(thread_policy)));
   add(Def("precision", "--precision", ValueType::kText, kT | kD | kL,
-          "Training precision: fp32, fp16 (autocast + dynamic loss scaling; emulated on CPU), bf16 (autocast, no "
-          "scaler), bf16-master / fp16-master (model stored in bf16/fp16, fp32 master weights, norm layers fp32), "
-          "bf16-pure (weights, gradients and optimizer state bf16, no fp32 copy; each update computed in fp32 and "
-          "rounded once by --weight-update)")
-          .in(Command::kDoctor, "The precision compared with fp32: fp16 (default), bf16 or bf16-pure")
-          .in(Command::kLrFind, "Precision of the sweep: fp32 (default), fp16, bf16, bf16-master")
+          "Training precision: " + mode_summaries())
+          .in(Command::kDoctor, "The precision compared with fp32: " +
+                                    names_with_default(modes_where(&PrecisionMode::doctor_compares), kDoctorPrecision, " or "))
+          .in(Command::kLrFind, "Precision of the sweep: " + names_with_default(all_precisions(), Precision::kFp32, ", "))
           .stored()
           .access([](const RunArgs& a) { return precision_name(a.config.precision); },
                   [](RunArgs& a, const std::string& t) { a.config.precision = parse_precision(t); }));
@@ -469,7 +482,7 @@ const char* command_name(Command command) {
 
 RunArgs defaults_for(Command command) {
   RunArgs a;
-  if (command == Command::kDoctor) a.config.precision = Precision::kFp16;
+  if (command == Command::kDoctor) a.config.precision = kDoctorPrecision;
   return a;
 }
 
@@ -546,7 +559,7 @@ void validate(const RunArgs& args, Command command) {
   validate_precision(r.precision, r.precision_options, torch::kCPU);
   // Training on a CPU: fp16 there is emulated, or an error with no_emulation. For
   // the doctor that is a verdict, not an error.
-  if (command != Command::kDoctor && (r.precision == Precision::kFp16 || r.precision == Precision::kBf16))
+  if (command != Command::kDoctor && mode_of(r.precision).autocast)
     amp::check_precision_supported(compute_dtype(r.precision), torch::kCPU, r.precision_options.allow_fp16_emulation(),
                                    /*notice=*/false);  // the fit says it, once it runs
   if (!args.data_source && !r.data.empty() && !fs::exists(r.data))
