@@ -1,5 +1,7 @@
 #include "mixtrain/amp/master_weights.h"
 
+#include "mixtrain/core/precision_modes.h"
+
 #include "mixtrain/compat.h"
 
 #include "util/archive_util.h"
@@ -106,10 +108,7 @@ MasterWeights::MasterWeights(Learner& learn, MasterWeightsOptions options)
   order = 10;
   validate(options_);
   const auto dtype = options_.dtype();
-  if (dtype == torch::kHalf && learn.device().is_cpu())
-    throw OptionError("precision", "fp16 master weights need CUDA: libtorch has no CPU half matmul. Use bf16 master weights (" +
-                                       Phrase::setting("precision", "bf16-master") + ") or emulated fp16 (" +
-                                       Phrase::setting("precision", "fp16") + ")");
+  check_mode_runs_on(precision(), learn.device().is_cpu());  // fp16 masters: the table's refusal on a CPU
 
   // The optimizer's param groups decide the master groups; create it now if needed.
   torch::optim::Optimizer& opt = learn.opt();
