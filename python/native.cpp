@@ -14,6 +14,7 @@
 #include <mixtrain/util/option_error.h>
 #include <mixtrain/util/warnings.h>
 #include <mixtrain/run/loop_state.h>
+#include <mixtrain/run/stored_model.h>
 #include <mixtrain/run/commands.h>
 #include <mixtrain/run/doctor.h>
 #include <mixtrain/models/failure_site.h>
@@ -431,6 +432,36 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("steps"), py::arg("every"), py::arg("initial_scale"), py::arg("scales"), py::arg("ranges"),
       py::arg("nonfinite_grads"), py::arg("lost"), py::arg("weight_update"), py::arg("lost_counted"));
+  // The stored-model rule (run/stored_model.h): each module's name and its own floating
+  // parameters' dtypes ("bf16", "fp16", "fp32", or another name), as Python reads the model.
+  m.def(
+      "stored_model_settings",
+      [](const std::vector<std::pair<std::string, std::vector<std::string>>>& modules, bool precision_given,
+         bool keep_fp32_given, bool keeps_run_mode, bool diagnosing) {
+        std::vector<run::ModuleDtypes> read;
+        for (const auto& [name, dtypes] : modules) {
+          run::ModuleDtypes m{name, {}};
+          for (const auto& d : dtypes)
+            m.own.push_back(d == "bf16"   ? c10::ScalarType::BFloat16
+                            : d == "fp16" ? c10::ScalarType::Half
+                            : d == "fp32" ? c10::ScalarType::Float
+                                          : c10::ScalarType::Double);  // another dtype: neither rule's
+          read.push_back(std::move(m));
+        }
+        const run::StoredModel stored = run::stored_model(read);
+        const run::StoredModelChoice c =
+            run::choose_for_stored_model(stored, precision_given, keep_fp32_given, keeps_run_mode, diagnosing);
+        py::object sixteen = py::none();
+        if (stored.sixteen_bit) sixteen = py::str(*stored.sixteen_bit == c10::ScalarType::BFloat16 ? "bf16" : "fp16");
+        py::dict settings;
+        if (c.precision) settings["precision"] = precision_name(*c.precision);
+        if (c.keep_fp32) settings["keep_fp32"] = *c.keep_fp32;
+        return py::dict(py::arg("stored") = sixteen, py::arg("fp32_modules") = stored.fp32_modules,
+                        py::arg("settings") = settings,
+                        py::arg("notice") = c.notice.empty() ? std::string() : c.notice.str(run::keyword_words()));
+      },
+      py::arg("modules"), py::arg("precision_given"), py::arg("keep_fp32_given"), py::arg("keeps_run_mode"),
+      py::arg("diagnosing"));
   // mixtrain.watch's module ranges for a TorchScript model (its submodules take no forward hooks).
   py::class_<diagnose::ModuleRangeTracer>(m, "ModuleRangeTracer")
       .def(py::init<const std::vector<std::pair<std::string, torch::Tensor>>&>(), py::arg("named_params"))

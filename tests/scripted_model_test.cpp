@@ -6,6 +6,7 @@
 
 #include <mixtrain/mixtrain.h>
 #include <nlohmann/json.hpp>
+#include <torch/script.h>
 
 #include <cmath>
 #include <cstdio>
@@ -293,6 +294,32 @@ TEST(TextCorpusTest, SamplesAreTheTextAndItsNextCharacters) {
 }
 
 // ---- The CLI, as the README's "Diagnose your PyTorch model" section uses it.
+
+// A model file saved in bf16 (model.to(torch.bfloat16) before saving) is the user's pure-bf16
+// setup: the CLI follows the rule Python follows (run/stored_model.h), and an fp16 file is
+// one line.
+TEST(ScriptedCliTest, ABf16ModelFileTrainsAsBf16PureUnlessChosenAndAnFp16FileIsOneLine) {
+  const std::string dir = test::scratch_dir("byo_sixteen_bit_files");
+  torch::jit::Module script = torch::jit::load(exported_file("traced_conv.pt"));
+  script.to(torch::kBFloat16);
+  script.save(dir + "/bf16.pt");
+  script.to(torch::kHalf);
+  script.save(dir + "/fp16.pt");
+  const std::string common = " --data " + exported_file("stripes_data.pt") + " --limit 256 --epochs 1 --bs 32 --threads 1 --force --out ";
+  auto r = run_cli("train --model " + dir + "/bf16.pt" + common + dir + "/chosen");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("the model's parameters are bf16: training it as bf16-pure"), std::string::npos) << r.err;
+  EXPECT_EQ(test::read_json(dir + "/chosen/args.json")["precision"], "bf16-pure");
+  // The caller's mode: the bf16 values train in it (before the rule, the file did not run at all).
+  r = run_cli("train --model " + dir + "/bf16.pt --precision fp32" + common + dir + "/fp32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("parameters are bf16"), std::string::npos) << r.err;
+  EXPECT_EQ(test::read_json(dir + "/fp32/args.json")["precision"], "fp32");
+  expect_usage_error("train --model " + dir + "/fp16.pt" + common + dir + "/fp16",
+                     "the model's parameters are fp16, which mixtrain does not train without an fp32 copy");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/fp16"));
+}
+
 
 TEST(ScriptedCliTest, TwoInputsTrainInEmulatedFp16AndPythonReadsTheSameAccuracy) {
   const std::string out = test::scratch_dir("byo_two_inputs");

@@ -88,5 +88,6 @@
 #include "mixtrain/run/run_config.h"
 #include "mixtrain/run/run_control.h"
 #include "mixtrain/run/run_folder.h"
+#include "mixtrain/run/stored_model.h"
 
 #include "mixtrain/deprecated.h"

@@ -431,31 +431,16 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
             settings.get("force") != "true":
         raise ValueError("out=%r holds a run already; pass another folder, or force=True to start over there" % (
             os.fspath(out),))
-    stored = _stored_dtype(model)
-    if stored == torch.float16:
-        raise ValueError("the model's parameters are fp16, which mixtrain does not train without an fp32 copy (its "
-                         "updates round away and its range overflows); pass model.float() with precision=\"fp16\" "
-                         "(autocast), or model.to(torch.bfloat16) for precision=\"bf16-pure\"")
-    if stored == torch.bfloat16:
-        # The user's pure-bf16 setup: bf16 weights and optimizer state, no fp32 copy.
-        if (options.get("precision") is None) and "from_run" not in settings:  # a branch keeps the run's mode
-            settings["precision"] = "bf16-pure"
-            print("mixtrain: notice: the model's parameters are bf16: %s it as bf16-pure (bf16 weights, gradients and "
-                  "optimizer state, no fp32 copy); pass precision= to choose another mode" %
-                  ("diagnosing" if command == "doctor" else "training"))
-    islands = _kept_in_fp32(model) if stored is None else []
-    if islands:
-        # Hugging Face's shape of a bf16 model (_keep_in_fp32_modules): bf16 weights, a few
-        # modules (norms) kept fp32. That is bf16-pure with those modules as fp32 islands.
-        if options.get("precision") is None and "from_run" not in settings:
-            settings["precision"] = "bf16-pure"
-            if options.get("keep_fp32") is None:
-                settings["keep_fp32"] = ",".join(islands)
-            print("mixtrain: notice: the model's parameters are bf16 except %d module%s kept in fp32 (%s), as Hugging "
-                  "Face's _keep_in_fp32_modules leaves them: %s it as bf16-pure with keep_fp32=%r; pass precision= "
-                  "to choose another mode" % (len(islands), "" if len(islands) == 1 else "s", ", ".join(islands),
-                                               "diagnosing" if command == "doctor" else "training",
-                                               settings["keep_fp32"].split(",")))
+    # The stored-model rule is the run layer's (run/stored_model.h): an fp16 model is a
+    # ValueError; a bf16 one, whole or with fp32 modules, is bf16-pure unless chosen otherwise.
+    chosen = _native.stored_model_settings(_module_dtypes(model), options.get("precision") is not None,
+                                           options.get("keep_fp32") is not None, "from_run" in settings,
+                                           command == "doctor")
+    stored = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(chosen["stored"])
+    islands = chosen["fp32_modules"]
+    settings.update(chosen["settings"])
+    if chosen["notice"]:
+        print("mixtrain: notice: " + chosen["notice"])
     # bf16 values in fp32 storage while mixtrain runs it (exact both ways); each parameter and
     # buffer gets its own dtype back afterwards.
     storage = HeldInFp32([model]) if stored == torch.bfloat16 or islands else None
@@ -503,31 +488,19 @@ def _say_what_is_handed_back(stored, precision):
               "as Result.valid measured them")
 
 
-def _kept_in_fp32(model):
-    """The modules of a bf16 model that hold fp32 parameters (Hugging Face's
-    _keep_in_fp32_modules shape), when every other parameter is bf16 and every fp32
-    one is a module's own; else []."""
-    if not isinstance(model, torch.nn.Module) or isinstance(model, torch.jit.ScriptModule):
-        return []
-    floats = [p for p in model.parameters() if p.is_floating_point()]
-    if {p.dtype for p in floats} != {torch.bfloat16, torch.float32}:
-        return []
-    islands, kept = [], set()
-    for name, module in model.named_modules():
-        own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
-        if name and own and all(p.dtype == torch.float32 for p in own):
-            islands.append(name)
-            kept.update(id(p) for p in own)
-    if not all(id(p) in kept for p in floats if p.dtype == torch.float32):
-        return []  # an fp32 parameter beside bf16 ones in one module: not an island
-    return islands
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-def _stored_dtype(model):
-    """The floating dtype of the model's parameters when they are all half or all
-    bfloat16, else None (fp32, or a mix mixtrain's modes handle themselves)."""
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} if isinstance(model, torch.nn.Module) else set()
-    return dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)) in (torch.float16, torch.bfloat16) else None
+def _module_dtypes(model):
+    """Each module's name and its own floating parameters' dtypes, for the stored-model rule. A
+    TorchScript model is read whole (its submodules' own parameters are not its islands)."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    if isinstance(model, torch.jit.ScriptModule):
+        return [("", [_DTYPE_NAMES.get(p.dtype, str(p.dtype)) for p in model.parameters() if p.is_floating_point()])]
+    return [(name, [_DTYPE_NAMES.get(p.dtype, str(p.dtype)) for p in module.parameters(recurse=False)
+                    if p.is_floating_point()])
+            for name, module in model.named_modules()]
 
 
 # How many samples a Dataset or DataLoader gives at most: enough for the doctor's

@@ -1,4 +1,5 @@
 #include "mixtrain/run/commands.h"
+#include "mixtrain/run/stored_model.h"
 #include "mixtrain/core/precision_modes.h"
 #include "mixtrain/run/branch.h"
 
@@ -138,6 +139,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
   // --from: the other run's flags, with the given ones that change how it computes.
   std::optional<BranchStart> branch;
   if (!a.from_run.empty()) branch = start_from_run(a);
+  choose_for_model_file(a, Command::kTrain);
   validate(a, Command::kTrain);
   const RunConfig& r = a.config;
   // Under mixtrain launch, torchrun or any launcher exporting torchrun's variables:
@@ -343,6 +345,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
 
 LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   const RunTurn turn;
+  choose_for_model_file(a, Command::kLrFind);
   validate(a, Command::kLrFind);
   const RunConfig& r = a.config;
   const RunStart start = start_run(a, /*world_size=*/1);

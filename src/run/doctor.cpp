@@ -2,6 +2,7 @@
 // from a run's checkpoint (what it shares with train --from is branch_point.h; the run's
 // steps.csv read back is run_steps.h), and from a training loop's state (loop_state.h).
 #include "mixtrain/run/doctor.h"
+#include "mixtrain/run/stored_model.h"
 
 #include "branch_point.h"
 #include "run_steps.h"
@@ -159,6 +160,7 @@ diagnose::Diagnosis doctor_from_scratch(RunArgs a, const OptionWords& words, con
       throw OptionError(key, Phrase::name(key) + " picks what " + Phrase::name("from_run") +
                                  " replays; without it the doctor trains both runs from scratch");
   const RunTurn turn;
+  choose_for_model_file(a, Command::kDoctor);
   validate(a, Command::kDoctor);
   const RunConfig& r = a.config;
   check_doctor_compares(r.precision);

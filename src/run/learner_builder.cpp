@@ -1,5 +1,7 @@
 #include "mixtrain/run/learner_builder.h"
 
+#include "mixtrain/run/stored_model.h"
+
 #include "mixtrain/optim/optimizers.h"
 
 #include "mixtrain/run/loop_state.h"
@@ -116,7 +118,10 @@ Model build_model(const RunConfig& r) {
   if (builtin && r.loss == LossKind::kModel)
     throw OptionError("loss", Phrase::setting("loss", "model") + " is for a TorchScript model that computes its loss; the built-in " +
                                   r.model + " does not (" + Phrase::name("loss") + " cross_entropy, mse or bce_with_logits)");
-  return builtin ? builtin->build() : load_scripted_model(r.model, r.output, r.loss == LossKind::kModel);
+  if (builtin) return builtin->build();
+  Model model = load_scripted_model(r.model, r.output, r.loss == LossKind::kModel);
+  widen_bf16_storage(*model.ptr());  // bf16 weights: their values in fp32 storage (choose_for_model_file chose the mode)
+  return model;
 }
 
 Model build_model(const RunArgs& a) { return a.model_source ? a.model_source(a.config) : build_model(a.config); }

@@ -732,7 +732,7 @@ def test_a_bf16_model_with_norms_kept_in_fp32_is_bf16_pure_with_islands(capfd):
     model.norm.float()
     r = mixtrain.train(model, blobs(), epochs=1, **FAST)
     out = capfd.readouterr().out
-    assert "bf16 except 1 module kept in fp32 (norm)" in out and "keep_fp32=['norm']" in out, out
+    assert "bf16 except 1 module kept in fp32 (norm)" in out and 'keep_fp32=["norm"]' in out, out
     assert out.count("kept in fp32") == 1  # said once
     assert r.summary["precision"] == "bf16-pure", r.summary
     assert model.norm.weight.dtype == torch.float32 and model.l1.weight.dtype == torch.bfloat16  # as it came
