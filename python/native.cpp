@@ -15,6 +15,7 @@
 #include <mixtrain/util/warnings.h>
 #include <mixtrain/run/loop_state.h>
 #include <mixtrain/run/stored_model.h>
+#include <mixtrain/run/run_folder.h>
 #include <mixtrain/run/commands.h>
 #include <mixtrain/run/doctor.h>
 #include <mixtrain/models/failure_site.h>
@@ -432,6 +433,18 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("steps"), py::arg("every"), py::arg("initial_scale"), py::arg("scales"), py::arg("ranges"),
       py::arg("nonfinite_grads"), py::arg("lost"), py::arg("weight_update"), py::arg("lost_counted"));
+  // An out= folder, by the CLI's rules: train refuses one that holds a run unless forced;
+  // the doctor and lr_find (`who`) refuse one that holds a run, whose files they would overwrite.
+  m.def(
+      "check_out_folder",
+      [](const std::string& out, bool force, const std::string& who) {
+        const run::RunFolder folder(run::RunFolder::resolve(out));
+        if (who.empty())
+          folder.refuse_unless_forced(force);
+        else
+          folder.refuse_run(who);
+      },
+      py::arg("out"), py::arg("force"), py::arg("who"));
   // The stored-model rule (run/stored_model.h): each module's name and its own floating
   // parameters' dtypes ("bf16", "fp16", "fp32", or another name), as Python reads the model.
   m.def(

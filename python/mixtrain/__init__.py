@@ -426,11 +426,11 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
         raise ValueError("data has %d sample%s: too few to keep 20%% for validation; pass more, or valid=(x, y)" %
                          (len(y), "" if len(y) == 1 else "s"))
     _check_model(model)
-    # realpath: "old/q/.." (no q yet) is the folder "old" once created, and holds its run.
-    if out is not None and os.path.exists(os.path.join(os.path.realpath(os.fspath(out)), "args.json")) and \
-            settings.get("force") != "true":
-        raise ValueError("out=%r holds a run already; pass another folder, or force=True to start over there" % (
-            os.fspath(out),))
+    if out is not None:
+        # The CLI's rules (run/run_folder.h), asked before the model is touched: "old/q/.."
+        # (no q yet) is the folder "old" once created, and holds its run.
+        _native.check_out_folder(os.fspath(out), settings.get("force") == "true",
+                                 "" if command == "train" else "the doctor" if command == "doctor" else command)
     # The stored-model rule is the run layer's (run/stored_model.h): an fp16 model is a
     # ValueError; a bf16 one, whole or with fp32 modules, is bf16-pure unless chosen otherwise.
     chosen = _native.stored_model_settings(_module_dtypes(model), options.get("precision") is not None,

@@ -58,18 +58,13 @@ void resolve_input_paths(RunConfig& r) {
   }
 }
 
-/// The new run's folder: refuses one that holds another run's checkpoints (unless
-/// forced), then creates it and records the configuration.
+/// The new run's folder: refuses one that holds another run (unless forced), then
+/// creates it and records the configuration.
 void start_folder(RunArgs& a, int world_size) {
   if (a.out.empty()) a.out = RunFolder::default_path("");
   a.out = RunFolder::resolve(a.out);  // checked as it will be created: OLD/x/.. is OLD
   const RunFolder folder(a.out);
-  if (folder.holds_checkpoints() && !a.force)
-    throw OptionError("force", Phrase::name("out") + " " + a.out +
-                                   (folder.finished() ? " holds a finished run; name another folder"
-                                                      : " already holds checkpoints; continue it with " +
-                                                            Phrase::setting("resume", a.out)) +
-                                   ", or pass " + Phrase::name("force") + " to start over there");
+  folder.refuse_unless_forced(a.force);
   folder.prepare();
   folder.clear_finished();
   folder.clear_checkpoints();  // forced: the old run's checkpoints are not this run's to resume from

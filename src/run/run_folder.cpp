@@ -54,6 +54,18 @@ void RunFolder::refuse_run(const std::string& who) const {
                                  " would overwrite its files there: pass another folder");
 }
 
+void RunFolder::refuse_unless_forced(bool force) const {
+  if (force || !holds_run()) return;
+  const Phrase instead = ", or pass " + Phrase::setting("force", "true") + " to start over there";
+  if (finished()) throw OptionError("force", Phrase::name("out") + " " + path_ + " holds a finished run; name another folder" + instead);
+  if (holds_checkpoints())
+    throw OptionError("force", Phrase::name("out") + " " + path_ + " already holds checkpoints; continue it with " +
+                                   Phrase::setting("resume", path_) + instead);
+  // Only args.json: a run stopped before its first checkpoint, or one writing none yet.
+  throw OptionError("force", Phrase::name("out") + " " + path_ + " holds a run (its args.json, no checkpoint); name another folder" +
+                                 instead);
+}
+
 void RunFolder::prepare() const {
   std::error_code ec;
   fs::create_directories(path_, ec);

@@ -270,7 +270,7 @@ def test_what_libtorch_would_raise_deep_inside_is_one_line_first():
 def test_a_second_train_into_the_same_out_is_refused_and_a_stop_without_out_names_no_file(tmp_path):
     x, y = blobs(256)
     mixtrain.train(Mlp(), (x, y), epochs=1, out=tmp_path / "run", **FAST)
-    with pytest.raises(ValueError, match="holds a run already; pass another folder, or force=True"):
+    with pytest.raises(ValueError, match="holds a finished run; name another folder, or pass force=True to start over"):
         mixtrain.train(Mlp(), (x, y), epochs=1, out=tmp_path / "run", **FAST)
     mixtrain.train(Mlp(), (x, y), epochs=1, out=tmp_path / "run", force=True, **FAST)
     bad = x.clone()
@@ -683,7 +683,7 @@ def test_no_spelling_of_a_runs_folder_lets_a_new_run_take_it(tmp_path):
     mixtrain.train(Mlp(), (x, y), epochs=1, out=run, save_every=1, **FAST)
     kept = sorted(os.listdir(run))
     for spelled in (str(run) + "/q/..", str(run) + "/", str(run) + "/./q/r/../.."):
-        with pytest.raises(ValueError, match="holds a run already"):
+        with pytest.raises(ValueError, match="holds a finished run"):
             mixtrain.train(Mlp(), (x, y), epochs=1, out=spelled, **FAST)
     assert sorted(os.listdir(run)) == kept
 
