@@ -40,7 +40,7 @@ BENCH_IN_ALL ?= ON
 demo: UNITY = ON
 demo: configure
 	cmake --build $(BUILD) -j $(JOBS) --target mixtrain_cli
-	./$(BUILD)/tools/mixtrain/mixtrain train --epochs 1 --out runs/demo
+	./$(BUILD)/tools/mixtrain/mixtrain train --epochs 1 --force --out runs/demo
 
 check: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS)

@@ -311,7 +311,7 @@ TEST(CliMultiNodeTest, TwoNodesEndIdenticalAndALostNodeIsNamedWithinSeconds) {
   const std::string train = "--data " + dir + " --bs 16 --model mlp --threads 1 --timeout 20";
   int port = launch_port();
   const std::string log0 = tmp + "/node0.log", log1 = tmp + "/node1.log";
-  ASSERT_EQ(std::system(("(" + net.node(0, port, train + " --out " + tmp + "/multinode_out", log0) + ") & " +
+  ASSERT_EQ(std::system(("(" + net.node(0, port, train + " --out " + test::scratch_dir("multinode_out"), log0) + ") & " +
                          net.node(1, port, train, log1) + "; wait").c_str()),
             0)
       << slurp(log0) << slurp(log1);

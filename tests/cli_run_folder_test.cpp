@@ -55,7 +55,7 @@ TEST(CliRunFolderTest, NoPathFormOfAFinishedRunLetsANewRunRemoveItsCheckpoints) 
   }
 }
 
-// A run that wrote no checkpoint is a run too: its model.pt and args.json were
+// A finished run that wrote no checkpoint is a run too: its model.pt and args.json were
 // overwritten by the next train into the same folder (Python refused it; the CLI did not).
 TEST(CliRunFolderTest, ARunWithoutCheckpointsIsNotOverwrittenByTheNextTrain) {
   const std::string out = scratch_dir("folder_no_checkpoints");
@@ -64,12 +64,13 @@ TEST(CliRunFolderTest, ARunWithoutCheckpointsIsNotOverwrittenByTheNextTrain) {
   ASSERT_TRUE(checkpoints_of(out).empty());
   const std::string model = slurp(out + "/model.pt");
   expect_usage_error(run + " --lr 0.5", "holds a finished run; name another folder, or pass --force to start over there");
-  // Stopped before its first checkpoint: args.json, not finished.
-  fs::remove(out + "/finished");
-  expect_usage_error(run + " --lr 0.5", "holds a run (its args.json, no checkpoint); name another folder, or pass --force");
   EXPECT_EQ(slurp(out + "/model.pt"), model);
   EXPECT_EQ(run_cli(run + " --lr 0.5 --force").code, 0);
   EXPECT_NE(slurp(out + "/model.pt"), model);
+  // A run that stopped before its first checkpoint (not finished, none kept) left nothing to
+  // resume or keep: the next run takes its folder, as a fixed command is run again.
+  fs::remove(out + "/finished");
+  EXPECT_EQ(run_cli(run).code, 0);
 }
 
 TEST(CliRunFolderTest, TrainFromRefusesEveryPathFormOfItsOwnSource) {

@@ -120,7 +120,10 @@ Model build_model(const RunConfig& r) {
                                   r.model + " does not (" + Phrase::name("loss") + " cross_entropy, mse or bce_with_logits)");
   if (builtin) return builtin->build();
   Model model = load_scripted_model(r.model, r.output, r.loss == LossKind::kModel);
-  widen_bf16_storage(*model.ptr());  // bf16 weights: their values in fp32 storage (choose_for_model_file chose the mode)
+  // The stored-model rule (choose_for_model_file chose the mode): fp16 weights are refused,
+  // bf16 ones train their values in fp32 storage.
+  choose_for_stored_model(stored_model(*model.ptr()), /*precision_given=*/true, true, false, false);
+  widen_bf16_storage(*model.ptr());
   return model;
 }
 

@@ -55,15 +55,13 @@ void RunFolder::refuse_run(const std::string& who) const {
 }
 
 void RunFolder::refuse_unless_forced(bool force) const {
-  if (force || !holds_run()) return;
+  // A run that stopped before its first checkpoint left nothing to resume or keep: its
+  // folder (args.json, the failure's traces) takes the next run, as it always did.
+  if (force || !(finished() || holds_checkpoints())) return;
   const Phrase instead = ", or pass " + Phrase::setting("force", "true") + " to start over there";
   if (finished()) throw OptionError("force", Phrase::name("out") + " " + path_ + " holds a finished run; name another folder" + instead);
-  if (holds_checkpoints())
-    throw OptionError("force", Phrase::name("out") + " " + path_ + " already holds checkpoints; continue it with " +
-                                   Phrase::setting("resume", path_) + instead);
-  // Only args.json: a run stopped before its first checkpoint, or one writing none yet.
-  throw OptionError("force", Phrase::name("out") + " " + path_ + " holds a run (its args.json, no checkpoint); name another folder" +
-                                 instead);
+  throw OptionError("force", Phrase::name("out") + " " + path_ + " already holds checkpoints; continue it with " +
+                                 Phrase::setting("resume", path_) + instead);
 }
 
 void RunFolder::prepare() const {

@@ -83,8 +83,15 @@ StoredModelChoice choose_for_stored_model(const StoredModel& model, bool precisi
 
 void choose_for_model_file(RunArgs& a, Command command) {
   const RunConfig& r = a.config;
+  const RunArgs defaults = defaults_for(command);
+  const auto given = [&](const std::string& key) {
+    const Option* o = find_option(key);
+    return std::find(a.given.begin(), a.given.end(), key) != a.given.end() || o->get(a) != o->get(defaults);
+  };
   std::error_code ec;
-  if (a.model_source || !a.resume.empty() || !a.from_run.empty() || find_builtin_model(r.model) ||
+  // A chosen precision leaves nothing to choose (an fp16 model is refused where it is
+  // built, build_model), and a model that is not a file was ruled on by its front end.
+  if (given("precision") || a.model_source || !a.resume.empty() || !a.from_run.empty() || find_builtin_model(r.model) ||
       !std::filesystem::is_regular_file(r.model, ec))
     return;
   std::optional<Model> model;
@@ -93,15 +100,19 @@ void choose_for_model_file(RunArgs& a, Command command) {
   } catch (const c10::Error&) {
     return;  // not a model: build_model says what is wrong, in its words
   }
-  const RunArgs defaults = defaults_for(command);
-  const auto given = [&](const std::string& key) {
-    const Option* o = find_option(key);
-    return std::find(a.given.begin(), a.given.end(), key) != a.given.end() || o->get(a) != o->get(defaults);
-  };
-  const StoredModelChoice c = choose_for_stored_model(stored_model(*model->ptr()), given("precision"), given("keep_fp32"),
-                                                      /*keeps_run_mode=*/false, command == Command::kDoctor);
-  if (c.precision) a.config.precision = *c.precision;
-  if (c.keep_fp32) find_option("keep_fp32")->set(a, *c.keep_fp32);
+  const StoredModelChoice c = choose_for_stored_model(stored_model(*model->ptr()), /*precision_given=*/false,
+                                                      given("keep_fp32"), /*keeps_run_mode=*/false,
+                                                      command == Command::kDoctor);
+  // Recorded as given, so that a second ask (the CLI asks before its warnings, run::train
+  // again) reads the choice and loads nothing.
+  if (c.precision) {
+    a.config.precision = *c.precision;
+    a.given.push_back("precision");
+  }
+  if (c.keep_fp32) {
+    find_option("keep_fp32")->set(a, *c.keep_fp32);
+    a.given.push_back("keep_fp32");
+  }
   if (!c.notice.empty()) warn(c.notice);
 }
 

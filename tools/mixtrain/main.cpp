@@ -8,6 +8,7 @@
 #include <mixtrain/util/warnings.h>
 #include <mixtrain/models/failure_site.h>
 #include <mixtrain/run/commands.h>
+#include <mixtrain/run/stored_model.h>
 #include <mixtrain/run/doctor.h>
 #include <mixtrain/run/run_folder.h>
 #include <mixtrain/callbacks/stop_on_request.h>
@@ -162,7 +163,8 @@ run::RunArgs train_args(const GivenFlags& given) {
 }
 
 int run_train(const GivenFlags& given) {
-  const run::RunArgs args = train_args(given);
+  run::RunArgs args = train_args(given);
+  run::choose_for_model_file(args, run::Command::kTrain);  // a bf16 model file's mode, before the warnings
   if (!given.has("resume")) warn_ignored(args, given);
   g_unarmed_stop_line = "mixtrain train: stopped before its first step ended: there was nothing to save\n";
   install_stop_handlers();
@@ -278,13 +280,15 @@ int main(int argc, char** argv) {
     }
     if (train.app->parsed()) return run_train(train.given);
     if (lr_find.app->parsed()) {
-      const run::RunArgs args = apply_flags(run::Command::kLrFind, lr_find.given);
+      run::RunArgs args = apply_flags(run::Command::kLrFind, lr_find.given);
+      run::choose_for_model_file(args, run::Command::kLrFind);
       warn_ignored(args, lr_find.given);
       run::lr_find(args);
       return 0;
     }
     if (doctor.app->parsed()) {
-      const run::RunArgs args = apply_flags(run::Command::kDoctor, doctor.given);
+      run::RunArgs args = apply_flags(run::Command::kDoctor, doctor.given);
+      run::choose_for_model_file(args, run::Command::kDoctor);
       warn_ignored(args, doctor.given);
       // Until the verdict is written a stop signal exits at once; during the trials
       // it ends the trial in flight, and diagnosis.json keeps what is known.

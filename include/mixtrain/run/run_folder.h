@@ -36,9 +36,11 @@ class RunFolder {
   /// Refuses a folder that holds a run (OptionError("out")): `who` writes its own files
   /// there, which would overwrite the run's (its charts, its summary).
   void refuse_run(const std::string& who) const;
-  /// A new run's folder (train's --out): refuses one that holds a run, its checkpoints or
-  /// its args.json (OptionError("force")), unless `force`, saying what to do instead. The
-  /// CLI's train and every Python front-door call ask it before anything runs.
+  /// A new run's folder (train's --out): refuses one that holds a finished run (with or
+  /// without checkpoints) or a run's checkpoints (OptionError("force")), unless `force`,
+  /// saying what to do instead. A run that stopped before its first checkpoint left
+  /// nothing to keep, and its folder is taken. The CLI's train and Python's train ask it
+  /// before anything runs.
   void refuse_unless_forced(bool force) const;
   /// A forced new run: the old run's checkpoints and `latest` go.
   void clear_checkpoints() const;

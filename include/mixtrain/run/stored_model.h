@@ -68,11 +68,12 @@ struct RunArgs;
 enum class Command : unsigned;
 
 /// The rule for a model file (the CLI): when `a` names a TorchScript file whose
-/// parameters are stored in 16 bits, sets the precision and keep_fp32 the caller did
-/// not give, and says so once (mixtrain::warn). A resume or a branch keeps its run's
-/// mode, and a model given by a front end (RunArgs::model_source) was ruled on there.
-/// Throws OptionError("model") for an fp16 model. A file that does not load is left
-/// to the model's own checks.
+/// parameters are bf16 and no precision was given, sets the precision (and keep_fp32,
+/// unless given), records both in RunArgs::given, and says so once (mixtrain::warn).
+/// A resume or a branch keeps its run's mode, and a model given by a front end
+/// (RunArgs::model_source) was ruled on there. Throws OptionError("model") for an fp16
+/// model; with a precision given, building the model refuses it. A file that does not
+/// load is left to the model's own checks.
 void choose_for_model_file(RunArgs& a, Command command);
 
 /// A model whose weights are stored in bf16 (StoredModel::holds_bf16) trains with its
