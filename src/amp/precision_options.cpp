@@ -5,10 +5,10 @@
 
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/amp/master_weights.h"
-#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/amp/pure_bf16.h"
 #include "mixtrain/core/learner.h"
+#include "mixtrain/core/precision_modes.h"
 #include "mixtrain/util/option_error.h"
 
 namespace mixtrain {

@@ -52,10 +52,11 @@ std::vector<Precision> modes_where(bool PrecisionMode::*flag) {
   return out;
 }
 
-std::string mode_names(const std::vector<Precision>& modes, const std::string& last) {
+std::string mode_names(const std::vector<Precision>& modes, const std::string& last, std::optional<Precision> marked) {
   std::string out;
   for (size_t i = 0; i < modes.size(); ++i)
-    out += (i == 0 ? "" : i + 1 == modes.size() ? last : ", ") + std::string(mode_of(modes[i]).name);
+    out += (i == 0 ? "" : i + 1 == modes.size() ? last : ", ") + std::string(mode_of(modes[i]).name) +
+           (modes[i] == marked ? " (default)" : "");
   return out;
 }
 

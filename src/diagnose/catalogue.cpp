@@ -60,7 +60,8 @@ std::string trial_number(double v) {
   return buf;
 }
 
-bool compares_fp16(const CompareOptions& o) { return mode_of(o.precision()).grad_scaler; }
+/// fp16's GradScaler is compared: its scale trials, and bf16 as the alternative, apply.
+bool uses_grad_scaler(const CompareOptions& o) { return mode_of(o.precision()).grad_scaler; }
 
 const Fix& bf16_trial() {
   static const Fix kFix{"train in bf16", {{"precision", "bf16"}}};
@@ -203,7 +204,7 @@ std::vector<Fix> forward_overflow_trials(const Diagnosis& d, const CompareOption
   std::vector<Fix> out;
   const OpFinding* f = first_overflow(d.evidence);
   if (f && !f->island().empty()) out.push_back({"keep " + f->island() + " in fp32", {{"keep_fp32", f->island()}}});
-  if (compares_fp16(o)) out.push_back(bf16_trial());
+  if (uses_grad_scaler(o)) out.push_back(bf16_trial());
   return out;
 }
 
@@ -266,7 +267,7 @@ std::vector<Fix> gradient_overflow_trials(const Diagnosis& d, const CompareOptio
   const double lower = std::max(1.0, std::min(256.0, start / 256));
   out.push_back({"start the scaler lower", {{"init_scale", trial_number(lower)}}});
   out.push_back({"clip gradients", {{"clip", "1"}}});
-  if (compares_fp16(o)) out.push_back(bf16_trial());
+  if (uses_grad_scaler(o)) out.push_back(bf16_trial());
   if (e.gradients && !e.gradients->params.empty() && e.gradients->overflow > 0) {
     const std::string& p = e.gradients->params.front().name;
     const std::string module = p.substr(0, p.rfind('.') == std::string::npos ? 0 : p.rfind('.'));
@@ -452,7 +453,7 @@ std::optional<Ruling> learns_less(RuleInput& in) {
 
 // A higher initial scale, a shorter growth interval, bf16.
 std::vector<Fix> underflow_trials(const Diagnosis& d, const CompareOptions& o) {
-  if (!compares_fp16(o)) return {};
+  if (!uses_grad_scaler(o)) return {};
   const Evidence& e = d.evidence;
   const double now = e.gradients ? e.gradients->scale : e.mixed ? e.mixed->scale.final_scale : amp::kDefaultInitScale;
   const double safe = e.gradients ? roomy_scale(*e.gradients, amp::kDefaultInitScale) : amp::kDefaultInitScale;

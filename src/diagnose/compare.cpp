@@ -77,7 +77,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
               precision_name(o.precision()));
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;
-  const bool fp16 = mode_of(o.precision()).traces_overflow;
+  const bool traced = mode_of(o.precision()).traces_overflow;  // fp16 compute: overflow traced to its op
   PhaseClock clock;
 
   torch::manual_seed(o.seed());
@@ -131,7 +131,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   std::optional<OverflowTrace> trace_start;
   // bf16 has fp32's exponent range: there is no fp16 overflow to trace.
   const auto trace_start_of = [&](Learner& learn) {
-    if (fp16) trace_start = trace_overflow(learn, detail::probe_batch(learn));
+    if (traced) trace_start = trace_overflow(learn, detail::probe_batch(learn));
   };
   if (detail::why_not_side_by_side(*baseline, o, initial).empty()) {
     mixed = make_mixed();
@@ -185,7 +185,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   ev.trace_start = std::move(trace_start);
   const data::Batch probe = detail::probe_batch(*mixed);
   ev.mixed = summarize_run(*mixed, precision_name(o.precision()));
-  if (fp16) {
+  if (traced) {
     ev.trace_end = trace_overflow(*mixed, probe);
     auto pc = mixed->precision_cb();
     ev.gradients = measure_gradients(*mixed, probe, pc ? pc->loss_scale() : 1.0);
@@ -299,7 +299,7 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
   ev.branched = true;
   PhaseClock clock;
   const MixedRun own{o.precision(), o.precision_options(), 0};
-  const bool fp16 = mode_of(o.precision()).traces_overflow;
+  const bool traced = mode_of(o.precision()).traces_overflow;  // fp16 compute: overflow traced to its op
   std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
   TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
   ev.inputs = check_inputs(base->dls().train.dataset().x);
@@ -310,7 +310,7 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
     mixed = at_branch(Arm::kRun, own);
     TORCH_CHECK(mixed, "diagnose::compare_branch: the branch factory returned nothing");
     probe = detail::probe_batch(*mixed);
-    if (fp16) {
+    if (traced) {
       const detail::KeepGlobalRng keep;
       ev.trace_start = trace_overflow(*mixed, *probe);
     }
@@ -337,7 +337,7 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
     clock.ends("run");
   }
   base.reset();
-  if (fp16) {
+  if (traced) {
     ev.trace_end = trace_overflow(*mixed, *probe);
     auto pc = mixed->precision_cb();
     ev.gradients = measure_gradients(*mixed, *probe, pc ? pc->loss_scale() : 1.0);

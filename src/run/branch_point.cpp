@@ -147,10 +147,6 @@ void convert_precision(Learner& learn, Precision precision, PrecisionOptions opt
   if (clip > 0) learn.add_cb(std::make_shared<callbacks::GradientClip>(clip));
 }
 
-bool was_given(const Option& o, const RunArgs& a, const RunArgs& defaults) {
-  return std::find(a.given.begin(), a.given.end(), o.key) != a.given.end() || o.get(a) != o.get(defaults);
-}
-
 std::string as_one_process(RunConfig& c, const std::string& done) {
   if (c.ranks <= 1) return "";
   const int ranks = c.ranks;

@@ -70,9 +70,6 @@ PrecisionOptions with_run_scale(Learner& learn, Precision precision, PrecisionOp
 void convert_precision(Learner& learn, Precision precision, PrecisionOptions options, double clip,
                        const PrecisionOptions& run_options);
 
-/// Whether the front end was given `o`: named in RunArgs::given, or set to other than its default.
-bool was_given(const Option& o, const RunArgs& a, const RunArgs& defaults);
-
 /// A data-parallel run's flags for one process: its global batch (ranks x bs) as one
 /// batch. The loader's shards are slices of one seeded permutation's global batches
 /// (DataLoaderOptions::num_shards), so the one process takes each step's samples of all

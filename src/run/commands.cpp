@@ -1,7 +1,7 @@
 #include "mixtrain/run/commands.h"
-#include "mixtrain/run/stored_model.h"
 #include "mixtrain/core/precision_modes.h"
 #include "mixtrain/run/branch.h"
+#include "mixtrain/run/stored_model.h"
 
 #include "mixtrain/amp/fp32_islands.h"
 #include "mixtrain/util/atomic_file.h"

@@ -122,7 +122,7 @@ Model build_model(const RunConfig& r) {
   Model model = load_scripted_model(r.model, r.output, r.loss == LossKind::kModel);
   // The stored-model rule (choose_for_model_file chose the mode): fp16 weights are refused,
   // bf16 ones train their values in fp32 storage.
-  choose_for_stored_model(stored_model(*model.ptr()), /*precision_given=*/true, true, false, false);
+  refuse_fp16_storage(stored_model(*model.ptr()));
   widen_bf16_storage(*model.ptr());
   return model;
 }

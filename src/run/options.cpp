@@ -28,22 +28,10 @@ namespace {
 
 constexpr unsigned kT = static_cast<unsigned>(Command::kTrain);
 constexpr unsigned kD = static_cast<unsigned>(Command::kDoctor);
+constexpr unsigned kL = static_cast<unsigned>(Command::kLrFind);
 
 /// What the doctor compares with fp32 when --precision is not given.
 constexpr Precision kDoctorPrecision = Precision::kFp16;
-
-/// The modes' names for a help text, the default marked: "fp16 (default), bf16 or bf16-pure".
-std::string names_with_default(const std::vector<Precision>& modes, Precision fallback, const std::string& last) {
-  std::string out = mode_names(modes, last);
-  const std::string name = precision_name(fallback);
-  for (size_t at = out.find(name); at != std::string::npos; at = out.find(name, at + 1)) {
-    const size_t end = at + name.size();
-    const bool whole = (at == 0 || out[at - 1] == ' ') && (end == out.size() || out[end] == ',' || out[end] == ' ');
-    if (whole) return out.insert(end, " (default)");
-  }
-  return out;
-}
-constexpr unsigned kL = static_cast<unsigned>(Command::kLrFind);
 
 // ---- Text <-> values: the one form the CLI, args.json and Python share --------
 
@@ -244,8 +232,8 @@ std::vector<Option> make_table() {
   add(Def("precision", "--precision", ValueType::kText, kT | kD | kL,
           "Training precision: " + mode_summaries())
           .in(Command::kDoctor, "The precision compared with fp32: " +
-                                    names_with_default(modes_where(&PrecisionMode::doctor_compares), kDoctorPrecision, " or "))
-          .in(Command::kLrFind, "Precision of the sweep: " + names_with_default(all_precisions(), Precision::kFp32, ", "))
+                                    mode_names(modes_where(&PrecisionMode::doctor_compares), " or ", kDoctorPrecision))
+          .in(Command::kLrFind, "Precision of the sweep: " + mode_names(all_precisions(), ", ", Precision::kFp32))
           .stored()
           .access([](const RunArgs& a) { return precision_name(a.config.precision); },
                   [](RunArgs& a, const std::string& t) { a.config.precision = parse_precision(t); }));
@@ -564,6 +552,10 @@ void validate(const RunArgs& args, Command command) {
                                    /*notice=*/false);  // the fit says it, once it runs
   if (!args.data_source && !r.data.empty() && !fs::exists(r.data))
     throw OptionError("data", Phrase::name("data") + " " + r.data + " not found");
+}
+
+bool was_given(const Option& o, const RunArgs& a, const RunArgs& defaults) {
+  return std::find(a.given.begin(), a.given.end(), o.key) != a.given.end() || o.get(a) != o.get(defaults);
 }
 
 std::vector<Phrase> ignored_option_warnings(const RunArgs& args, const std::vector<std::string>& given, int cores) {

@@ -50,14 +50,18 @@ StoredModel stored_model(const torch::nn::Module& model) {
   return stored_model(modules);
 }
 
-StoredModelChoice choose_for_stored_model(const StoredModel& model, bool precision_given, bool keep_fp32_given,
-                                          bool keeps_run_mode, bool diagnosing) {
-  StoredModelChoice out;
+void refuse_fp16_storage(const StoredModel& model) {
   if (model.sixteen_bit == c10::ScalarType::Half)
     throw OptionError("model", Phrase("the model's parameters are fp16, which mixtrain does not train without an fp32 copy "
                                       "(its updates round away and its range overflows); pass model.float() with ") +
                                    Phrase::setting("precision", "fp16") + " (autocast), or model.to(torch.bfloat16) for " +
                                    Phrase::setting("precision", "bf16-pure"));
+}
+
+StoredModelChoice choose_for_stored_model(const StoredModel& model, bool precision_given, bool keep_fp32_given,
+                                          bool keeps_run_mode, bool diagnosing) {
+  StoredModelChoice out;
+  refuse_fp16_storage(model);
   if (precision_given || keeps_run_mode || !model.holds_bf16()) return out;
   const std::string doing = diagnosing ? "diagnosing" : "training";
   out.precision = Precision::kBf16Pure;
@@ -84,10 +88,7 @@ StoredModelChoice choose_for_stored_model(const StoredModel& model, bool precisi
 void choose_for_model_file(RunArgs& a, Command command) {
   const RunConfig& r = a.config;
   const RunArgs defaults = defaults_for(command);
-  const auto given = [&](const std::string& key) {
-    const Option* o = find_option(key);
-    return std::find(a.given.begin(), a.given.end(), key) != a.given.end() || o->get(a) != o->get(defaults);
-  };
+  const auto given = [&](const std::string& key) { return was_given(*find_option(key), a, defaults); };
   std::error_code ec;
   // A chosen precision leaves nothing to choose (an fp16 model is refused where it is
   // built, build_model), and a model that is not a file was ruled on by its front end.

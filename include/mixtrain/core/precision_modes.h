@@ -9,6 +9,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,10 @@ const std::vector<PrecisionMode>& precision_modes();
 const PrecisionMode& mode_of(Precision precision);
 /// The modes whose `flag` holds, in the table's order.
 std::vector<Precision> modes_where(bool PrecisionMode::*flag);
-/// Names joined for a sentence: "fp16, bf16 or bf16-pure" (`last` joins the last two).
-std::string mode_names(const std::vector<Precision>& modes, const std::string& last = " or ");
+/// Names joined for a sentence: "fp16, bf16 or bf16-pure" (`last` joins the last two),
+/// `marked` followed by " (default)" where it is listed.
+std::string mode_names(const std::vector<Precision>& modes, const std::string& last = " or ",
+                       std::optional<Precision> marked = std::nullopt);
 /// Every mode with its summary, for --precision's help: "fp32 (full precision), fp16 (...)".
 std::string mode_summaries();
 /// Throws OptionError("precision") when `precision` cannot train on `device` (its

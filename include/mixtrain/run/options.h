@@ -143,6 +143,10 @@ const Option* find_flag(const std::string& flag);
 /// one ("invalid bs 0: must be >= 1"). Checks files exist, not what they hold.
 void validate(const RunArgs& args, Command command);
 
+/// Whether the front end was given `o`: named in RunArgs::given, or set to other than its
+/// default (`defaults`: defaults_for the command).
+bool was_given(const Option& o, const RunArgs& a, const RunArgs& defaults);
+
 /// One warning for each option in `given` (keys) that does nothing in the chosen
 /// precision mode, and for more threads than `cores` (0: not checked).
 std::vector<Phrase> ignored_option_warnings(const RunArgs& args, const std::vector<std::string>& given, int cores);

@@ -57,6 +57,10 @@ struct StoredModelChoice {
   Phrase notice;                         ///< empty when nothing was chosen for the caller
 };
 
+/// Throws OptionError("model") for a model stored in fp16, whatever the precision: without
+/// an fp32 copy its updates round away and its range overflows.
+void refuse_fp16_storage(const StoredModel& model);
+
 /// The rule. `precision_given` / `keep_fp32_given`: the caller set them;
 /// `keeps_run_mode`: a branch from a run keeps that run's mode; `diagnosing`: the
 /// notice says "diagnosing" rather than "training". Throws OptionError("model") for an
