@@ -202,7 +202,7 @@ py::dict run_command(const std::string& command, const py::object& script_object
   if (has_model) {
     try {
       args.data_source = std::make_shared<const mixtrain::data::DatasetSplit>(mixtrain::data::tensor_split(
-          x, y, valid_x, valid_y ? *valid_y : at::Tensor(), args.config.seed, "data"));
+          x, y, valid_x, valid_y ? *valid_y : at::Tensor(), args.config.seed, "data", "pass more, or valid=(x, y)"));
     } catch (const c10::Error& e) {
       throw py::value_error(mixtrain::innermost_message(e));
     }
@@ -475,6 +475,16 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("modules"), py::arg("precision_given"), py::arg("keep_fp32_given"), py::arg("keeps_run_mode"),
       py::arg("diagnosing"));
+  // What libtorch would report deep inside a run (meta, all frozen, float64), asked before
+  // Python scripts the model; the CLI asks it where a model is built.
+  m.def(
+      "refuse_untrainable",
+      [](const std::vector<at::Tensor>& params) {
+        std::vector<run::ParameterFacts> facts;
+        for (const auto& p : params) facts.push_back({p.scalar_type(), p.is_meta(), p.requires_grad()});
+        run::refuse_untrainable(facts);
+      },
+      py::arg("params"));
   // mixtrain.watch's module ranges for a TorchScript model (its submodules take no forward hooks).
   py::class_<diagnose::ModuleRangeTracer>(m, "ModuleRangeTracer")
       .def(py::init<const std::vector<std::pair<std::string, torch::Tensor>>&>(), py::arg("named_params"))

@@ -320,6 +320,25 @@ TEST(ScriptedCliTest, ABf16ModelFileTrainsAsBf16PureUnlessChosenAndAnFp16FileIsO
   EXPECT_FALSE(std::filesystem::exists(dir + "/fp16"));
 }
 
+// A model file that libtorch would fail deep inside the run (float64 weights, every parameter
+// frozen) is one line before the run starts, as in Python.
+TEST(ScriptedCliTest, AFloat64OrAllFrozenModelFileIsOneLineAndNoFolder) {
+  const std::string dir = test::scratch_dir("byo_untrainable_files");
+  torch::jit::Module script = torch::jit::load(exported_file("traced_conv.pt"));
+  script.to(torch::kDouble);
+  script.save(dir + "/f64.pt");
+  script.to(torch::kFloat);
+  for (const auto& p : script.parameters()) p.requires_grad_(false);
+  script.save(dir + "/frozen.pt");
+  const std::string common = " --data " + exported_file("stripes_data.pt") + " --limit 256 --epochs 1 --bs 32 --threads 1 --out ";
+  expect_usage_error("train --model " + dir + "/f64.pt" + common + dir + "/f64",
+                     "the model's parameters are float64: mixtrain trains fp32 models (in mixed precision); pass model.float()");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/f64"));
+  expect_usage_error("doctor --model " + dir + "/frozen.pt" + common + dir + "/frozen",
+                     "every parameter of the model is frozen");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/frozen"));
+}
+
 
 TEST(ScriptedCliTest, TwoInputsTrainInEmulatedFp16AndPythonReadsTheSameAccuracy) {
   const std::string out = test::scratch_dir("byo_two_inputs");

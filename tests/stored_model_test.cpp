@@ -88,4 +88,27 @@ TEST(StoredModelTest, Bf16WeightsAreWidenedExactlyAndOtherModelsAreLeftAsTheyAre
   EXPECT_TRUE(torch::equal(model->fc->weight, before.to(torch::kFloat)));
 }
 
+// What libtorch would report deep inside a run is one line first, in both front ends' words.
+TEST(StoredModelTest, AModelOnTheMetaDeviceAllFrozenOrInFloat64IsOneLine) {
+  auto model = std::make_shared<StoredNormMlp>();
+  EXPECT_NO_THROW(run::refuse_untrainable(*model));
+  model->fc->weight.requires_grad_(false);  // some frozen: fine
+  EXPECT_NO_THROW(run::refuse_untrainable(*model));
+  for (auto& p : model->parameters()) p.requires_grad_(false);
+  EXPECT_THROW_WITH(run::refuse_untrainable(*model), "every parameter of the model is frozen (requires_grad=False)");
+  for (auto& p : model->parameters()) p.requires_grad_(true);
+  model->norm->to(torch::kDouble);  // one float64 module is enough to fail deep inside
+  EXPECT_THROW_WITH(run::refuse_untrainable(*model), "the model's parameters are float64");
+  torch::nn::Module on_meta;  // a model built on the meta device (libtorch's to(kMeta) refuses set_data)
+  on_meta.register_parameter("weight", torch::empty({4, 4}, torch::device(torch::kMeta)));
+  EXPECT_THROW_WITH(run::refuse_untrainable(on_meta), "the model's parameters are on the meta device");
+  EXPECT_NO_THROW(run::refuse_untrainable(std::vector<run::ParameterFacts>{}));  // no parameters: nothing to refuse
+  try {
+    run::refuse_untrainable({{ScalarType::Double, false, true}});
+    FAIL() << "float64 was not refused";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.key(), "model");  // each front end names it in its words
+  }
+}
+
 } // namespace

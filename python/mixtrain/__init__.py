@@ -381,22 +381,6 @@ class _Run:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _check_model(model):
-    """What libtorch would report as a RuntimeError deep inside the run, said first."""
-    if not isinstance(model, torch.nn.Module):
-        return  # _scripted says what model must be
-    params = list(model.parameters())
-    if any(p.is_meta for p in params):
-        raise ValueError("the model's parameters are on the meta device (they hold no values): materialize them first "
-                         "(model.to_empty(device='cpu') and initialize them, or load a state_dict with assign)")
-    if params and not any(p.requires_grad for p in params):
-        raise ValueError("every parameter of the model is frozen (requires_grad=False): there is nothing to train; "
-                         "unfreeze the ones to train (p.requires_grad_(True))")
-    if any(p.dtype == torch.float64 for p in params):
-        raise ValueError("the model's parameters are float64: mixtrain trains fp32 models (in mixed precision); pass "
-                         "model.float()")
-
-
 def _settings(command, options):
     """The keyword arguments as the option table's text, each checked against its row."""
     rows = {r["key"]: r for r in _rows(command)}
@@ -422,10 +406,10 @@ def _call(command, model, data, valid, out, options, max_samples, extra=None, wi
     if window is not None and valid is None:
         valid_xs, valid_y = xs, y  # the window's own samples: the same for both arms
         print("mixtrain: notice: no valid= given: each arm is validated on the window's own %d samples" % len(y))
-    if valid is None and window is None and int(len(y) * 0.2) < 1:
-        raise ValueError("data has %d sample%s: too few to keep 20%% for validation; pass more, or valid=(x, y)" %
-                         (len(y), "" if len(y) == 1 else "s"))
-    _check_model(model)
+    if isinstance(model, torch.nn.Module):  # not one: _scripted says what model must be
+        # What libtorch would report deep inside the run (meta, all frozen, float64), said
+        # first by the run layer's rule (run/stored_model.h), before the model is scripted.
+        _native.refuse_untrainable(list(model.parameters()))
     if out is not None:
         # The CLI's rules (run/run_folder.h), asked before the model is touched: "old/q/.."
         # (no q yet) is the folder "old" once created, and holds its run.

@@ -140,7 +140,7 @@ DatasetSplit split_of(const std::vector<c10::IValue>& x, const c10::IValue& y, c
     const int64_t n = all.size();
     const auto n_valid = static_cast<int64_t>(static_cast<double>(n) * kTensorFileValidFraction);
     TORCH_CHECK(n_valid > 0 && n_valid < n, path, " has ", n, n == 1 ? " sample" : " samples", ": too few to keep ",
-                kTensorFileValidFraction * 100, "% for validation (", valid_hint, ")");
+                kTensorFileValidFraction * 100, "% for validation; ", valid_hint);
     at::Generator gen = at::detail::createCPUGenerator(seed);
     const torch::Tensor order = at::randperm(n, gen, at::kLong);
     split.train = take(all, order.slice(0, n_valid));
@@ -195,13 +195,13 @@ DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& path
 
 DatasetSplit tensor_split(const std::vector<torch::Tensor>& x, const torch::Tensor& y,
                           const std::vector<torch::Tensor>& valid_x, const torch::Tensor& valid_y, uint64_t seed,
-                          const std::string& source) {
+                          const std::string& source, const std::string& valid_hint) {
   const auto values = [](const std::vector<torch::Tensor>& ts) { return std::vector<c10::IValue>(ts.begin(), ts.end()); };
   TORCH_CHECK(!x.empty(), source, ": x holds no tensor; it needs one tensor per model input");
   TORCH_CHECK(y.defined(), source, ": y is missing");
   TORCH_CHECK(valid_x.empty() == !valid_y.defined(), source, ": ", valid_x.empty() ? "valid y without valid x" : "valid x without valid y");
   return split_of(values(x), y, values(valid_x), valid_y.defined() ? c10::IValue(valid_y) : c10::IValue(), seed, source,
-                  "give more samples, or validation data of its own");
+                  valid_hint);
 }
 
 } // namespace mixtrain::data

@@ -127,7 +127,13 @@ Model build_model(const RunConfig& r) {
   return model;
 }
 
-Model build_model(const RunArgs& a) { return a.model_source ? a.model_source(a.config) : build_model(a.config); }
+Model build_model(const RunArgs& a) {
+  Model model = a.model_source ? a.model_source(a.config) : build_model(a.config);
+  // A model file's or a front end's model: what libtorch would report deep inside the run,
+  // said first (Python asks the same rule before it scripts the model: run/stored_model.h).
+  refuse_untrainable(*model.ptr());
+  return model;
+}
 
 bool is_sequence_classification(const data::DatasetSplit& split, const RunConfig& r) {
   const torch::Tensor& y = split.train.y;

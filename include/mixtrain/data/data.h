@@ -153,10 +153,12 @@ DatasetSplit parse_tensor_file(const std::string& bytes, const std::string& name
 /// The split load_tensor_file makes, from tensors in memory (the Python front
 /// door): `x` holds one tensor per model input; empty `valid_x` means the seeded
 /// split. The same checks and conversions (float64 and half/bf16 read as fp32);
-/// errors name `source` where load_tensor_file names the file.
+/// errors name `source` where load_tensor_file names the file, and data too small to
+/// keep a share for validation is told `valid_hint` (in the front end's words).
 DatasetSplit tensor_split(const std::vector<torch::Tensor>& x, const torch::Tensor& y,
                           const std::vector<torch::Tensor>& valid_x, const torch::Tensor& valid_y, uint64_t seed = 42,
-                          const std::string& source = "data");
+                          const std::string& source = "data",
+                          const std::string& valid_hint = "give more samples, or validation data of its own");
 
 /// Where Debian's `fortunes` package puts its text files: the built-in
 /// transformer's corpus (2.6 MB of English quotations, poems and definitions).
