@@ -4,11 +4,10 @@
 #include "mixtrain/diagnose/compare.h"
 
 #include "evidence.h"
+#include "phase_clock.h"
 #include "side_by_side.h"
 #include "trials.h"
-#include "util/first_line.h"
 
-#include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/core/learner.h"
 #include "mixtrain/core/precision_callback.h"
@@ -21,10 +20,8 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cmath>
 #include <iostream>
-#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -45,30 +42,6 @@ std::unique_ptr<Learner> learner_at(const LearnerFactory& make_learner, const st
   return learn;
 }
 
-/// Where a doctor's time goes (Diagnosis::timing): each phase's seconds, in order.
-class PhaseClock {
- public:
-  void ends(const char* phase) {
-    const auto now = std::chrono::steady_clock::now();
-    phases_.emplace_back(phase, std::chrono::duration<double>(now - start_).count());
-    start_ = now;
-  }
-  bool empty() const { return phases_.empty(); }
-  const std::vector<std::pair<std::string, double>>& phases() const { return phases_; }
-
- private:
-  std::vector<std::pair<std::string, double>> phases_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
-
-/// The validation loss of `learn`'s weights as they are (fp32, before it trains): the one
-/// point both arms start from. NaN when there is no validation set.
-double start_valid_loss(Learner& learn) {
-  if (learn.dls().valid.num_batches() == 0) return std::numeric_limits<double>::quiet_NaN();
-  const std::vector<double> v = learn.validate();
-  return v.empty() ? std::numeric_limits<double>::quiet_NaN() : v[0];
-}
-
 } // namespace
 
 Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
@@ -78,7 +51,7 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   TORCH_CHECK(o.epochs() >= 1, "diagnose::compare: epochs must be >= 1, got ", o.epochs());
   Evidence ev;
   const bool traced = mode_of(o.precision()).traces_overflow;  // fp16 compute: overflow traced to its op
-  PhaseClock clock;
+  detail::PhaseClock clock;
 
   torch::manual_seed(o.seed());
   std::unique_ptr<Learner> baseline = make_learner();
@@ -95,23 +68,14 @@ Diagnosis compare(const LearnerFactory& make_learner, const CompareOptions& o) {
   ev.inputs = check_inputs(baseline->dls().train.dataset().x);
 
   // D first: nothing else needs to run when the precision cannot.
-  try {
-    amp::check_precision_supported(compute_dtype(o.precision()), baseline->device(),
-                                   o.precision_options().allow_fp16_emulation());
-  } catch (const OptionError& e) {
-    ev.unsupported = e.phrase();
-  } catch (const c10::Error& e) {
-    ev.unsupported = mixtrain::detail::first_line(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    ev.unsupported = e.what();
-  }
+  ev.unsupported = detail::why_unsupported(o, baseline->device());
   if (!ev.unsupported.empty()) return decide(std::move(ev));
 
   // The initial weights, so that the mixed run starts exactly where the baseline did.
   std::vector<torch::Tensor> initial;
   for (const auto& t : baseline->model().state_tensors()) initial.push_back(t.clone());
   // Where both arms start, on the validation set: each arm's progress is measured from it.
-  ev.start_valid_loss = start_valid_loss(*baseline);
+  ev.start_valid_loss = detail::start_valid_loss(*baseline);
 
   // The run under diagnosis: a second model from the factory, from the same weights.
   const auto make_mixed = [&] {
@@ -297,13 +261,13 @@ Diagnosis compare_branch(const BranchFactory& at_branch, const CompareOptions& o
                                     std::to_string(kMinCompareSteps));
   Evidence ev;
   ev.branched = true;
-  PhaseClock clock;
+  detail::PhaseClock clock;
   const MixedRun own{o.precision(), o.precision_options(), 0};
   const bool traced = mode_of(o.precision()).traces_overflow;  // fp16 compute: overflow traced to its op
   std::unique_ptr<Learner> base = at_branch(Arm::kFp32, own);
   TORCH_CHECK(base, "diagnose::compare_branch: the branch factory returned nothing");
   ev.inputs = check_inputs(base->dls().train.dataset().x);
-  ev.start_valid_loss = start_valid_loss(*base);
+  ev.start_valid_loss = detail::start_valid_loss(*base);
   std::unique_ptr<Learner> mixed;
   std::optional<data::Batch> probe;
   const auto run_arm = [&] {

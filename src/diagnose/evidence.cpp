@@ -2,15 +2,20 @@
 // parameter costs in it (mixtrain/diagnose/compare.h, evidence.h).
 #include "evidence.h"
 
+#include "util/first_line.h"
+
+#include "mixtrain/amp/mixed_precision.h"
 #include "mixtrain/core/learner.h"
 #include "mixtrain/core/optimizers.h"
 #include "mixtrain/core/precision_callback.h"
 #include "mixtrain/diagnose/compare.h"
 #include "mixtrain/diagnose/scale_analysis.h"
+#include "mixtrain/util/option_error.h"
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <vector>
@@ -40,6 +45,25 @@ double bytes_per_param(Learner& learn) {
 }
 
 namespace detail {
+
+double start_valid_loss(Learner& learn) {
+  if (learn.dls().valid.num_batches() == 0) return std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> v = learn.validate();
+  return v.empty() ? std::numeric_limits<double>::quiet_NaN() : v[0];
+}
+
+Phrase why_unsupported(const CompareOptions& o, c10::Device device) {
+  try {
+    amp::check_precision_supported(compute_dtype(o.precision()), device, o.precision_options().allow_fp16_emulation());
+  } catch (const OptionError& e) {
+    return e.phrase();
+  } catch (const c10::Error& e) {
+    return Phrase(mixtrain::detail::first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return Phrase(e.what());
+  }
+  return Phrase();
+}
 
 RunEvidence summarize_steps(Learner& learn, size_t from, const std::string& precision) {
   RunEvidence r;
