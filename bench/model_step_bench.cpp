@@ -2,8 +2,11 @@
 // data, progress off), for bench/model_bench.sh: the built-in models, or a
 // TorchScript file. Prints one line: "<what> step_ms X".
 //
-//   model_step_bench MODEL STEPS BATCH [fp32|fp16|bf16]
+//   model_step_bench MODEL STEPS BATCH [PRECISION] [torch|core]
 // MODEL: cnn | resnet | transformer | a TorchScript file taking [N, 1, 28, 28] images.
+// PRECISION: any mode's name (fp32 by default). The optimizer: libtorch's AdamW (torch, the
+// default), or mixtrain::optim's (core), which `mixtrain train` runs in every mode and which
+// gives bf16-pure its bf16 tensors on a real bf16 forward.
 #include <mixtrain/mixtrain.h>
 
 #include <torch/torch.h>
@@ -37,12 +40,13 @@ class StepTimer : public mixtrain::Callback {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s MODEL STEPS BATCH [fp32|fp16|bf16]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL STEPS BATCH [PRECISION] [torch|core]\n", argv[0]);
     return 2;
   }
   const std::string name = argv[1];
   const int64_t steps = std::atoll(argv[2]), bs = std::atoll(argv[3]);
   const std::string precision = argc > 4 ? argv[4] : "fp32";
+  const bool core = argc > 5 && std::string(argv[5]) == "core";
   const mixtrain::run::BuiltinModel* builtin = mixtrain::run::find_builtin_model(name);
   const bool lm = builtin && builtin->data == mixtrain::run::DataKind::kText;
   // As `mixtrain train` does: the registry says where the threads go.
@@ -60,11 +64,13 @@ int main(int argc, char** argv) {
     train = {torch::randn({n, 1, 28, 28}), torch::randint(0, 10, {n})};
     valid = {torch::randn({bs, 1, 28, 28}), torch::randint(0, 10, {bs})};
   }
+  auto options = mixtrain::LearnerOptions().progress(false);
+  if (core) options.opt_func(mixtrain::optim::factory(mixtrain::OptimizerSettings(), mixtrain::optim::Rounding()));
   mixtrain::Learner learn(model, mixtrain::data::DataLoaders::from_split({train, valid}, bs, 0),
-                          mixtrain::cross_entropy(), mixtrain::LearnerOptions().progress(false));
+                          mixtrain::cross_entropy(), options);
   learn.set_precision(mixtrain::parse_precision(precision));
   auto timer = std::make_shared<StepTimer>(3);
   learn.fit(1, 1e-3, {timer});
-  std::printf("%s %s step_ms %.2f\n", name.c_str(), precision.c_str(), timer->ms_per_step());
+  std::printf("%s %s%s step_ms %.2f\n", name.c_str(), precision.c_str(), core ? " core" : "", timer->ms_per_step());
   return 0;
 }

@@ -2,9 +2,11 @@
 in PyTorch-Python, for bench/model_bench.sh: the same architecture, sizes,
 initialization scheme, AdamW settings and batch shapes, on the same threads.
 
-    .venv/bin/python bench/python_transformer.py STEPS BATCH THREADS
-prints "python_step_ms X".
+    .venv/bin/python bench/python_transformer.py STEPS BATCH THREADS [fp32|bf16|bf16-pure]
+prints "python_step_ms X". bf16: torch.autocast's bf16 forward; bf16-pure: the model in bf16
+(model.to(torch.bfloat16)) under torch's AdamW, which rounds at every op: the loop a user writes.
 """
+import contextlib
 import sys
 import time
 
@@ -26,15 +28,21 @@ def built_in_transformer():
 
 def main():
     steps, batch, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    precision = sys.argv[4] if len(sys.argv) > 4 else "fp32"
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = built_in_transformer()
+    if precision == "bf16-pure":
+        model.to(torch.bfloat16)
+    region = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-5, weight_decay=0.01)
     x = torch.randint(0, 256, (batch, 64))
     y = torch.randint(0, 256, (batch, 64))
 
     def step():
-        loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        with region():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()

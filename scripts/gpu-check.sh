@@ -135,6 +135,10 @@ for m in ("cnn", "resnet", "transformer"):
         a, b = get(cpp, m, p), get(py, m, p)
         if a and b:
             summary[f"{m}_{p}_cpp_over_python_step_time"] = a["step_ms"] / b["step_ms"]
+            # C++'s loader holds every timed batch on the device, Python's loop one: compare
+            # the peaks with one batch each.
+            if a.get("peak_memory_beyond_data_bytes") and b.get("peak_memory_bytes"):
+                summary[f"{m}_{p}_cpp_over_python_peak_memory"] = a["peak_memory_beyond_data_bytes"] / b["peak_memory_bytes"]
         if a:
             summary[f"{m}_{p}_host_scalar_reads_per_step"] = a["host_scalar_reads_per_step"]
 for m, goal in (("resnet", 1.4), ("transformer", 2.0)):
