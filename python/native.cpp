@@ -21,6 +21,7 @@
 #include <mixtrain/models/failure_site.h>
 #include <mixtrain/models/scripted_model.h>
 #include <mixtrain/optim/update_rule.h>
+#include <mixtrain/diagnose/compare.h>
 #include <mixtrain/diagnose/diagnosis.h>
 #include <mixtrain/diagnose/plots.h>
 #include <mixtrain/diagnose/watch.h>
@@ -383,6 +384,8 @@ py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::T
 PYBIND11_MODULE(_native, m) {
   m.doc() = "mixtrain's run layer for Python's module objects and tensors (use the mixtrain package)";
   m.def("options", &options, py::arg("command"));
+  // The fewest steps a comparison judges (a loop's window is asked for before it is drawn).
+  m.attr("MIN_COMPARE_STEPS") = mixtrain::diagnose::kMinCompareSteps;
   // Whether a loss named so is the model's own (its forward then takes the targets last).
   m.def("loss_takes_targets", [](const std::string& loss) { return mixtrain::parse_loss(loss) == mixtrain::LossKind::kModel; },
         py::arg("loss"));

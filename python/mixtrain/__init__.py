@@ -821,8 +821,10 @@ def doctor(model=None, data=None, *, valid=None, out=None, max_samples=_MAX_SAMP
     # A training loop's state: the next `steps` batches from the model's weights and the optimizer's state.
     if optimizer is None or steps is None:
         raise ValueError("a training loop's state takes optimizer= and steps= (scaler= with a GradScaler)")
-    if not _is_integer(steps) or steps < 8:
-        raise ValueError("invalid steps=%r: an integer >= 8 (the comparison needs at least 8 steps)" % (steps,))
+    least = _native.MIN_COMPARE_STEPS
+    if not _is_integer(steps) or steps < least:
+        raise ValueError("invalid steps=%r: an integer >= %d (the comparison needs at least %d steps)" % (
+            steps, least, least))
     tensors = isinstance(data, (tuple, list)) and len(data) == 2 and _as_tensor(data[1]) is not None
     for key in ("lr", "epochs") + (() if tensors else ("bs",)):
         if key in options:

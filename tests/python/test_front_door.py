@@ -633,7 +633,7 @@ def test_a_training_loops_state_that_does_not_fit_is_a_one_line_value_error():
     cases = [
         (dict(optimizer=other, steps=16), "not a parameter of the model"),
         (dict(optimizer=torch.optim.Adamax(model.parameters()), steps=16), "torch.optim.AdamW, Adam, SGD, RMSprop or Adagrad"),
-        (dict(optimizer=opt, steps=4), "steps=4"),
+        (dict(optimizer=opt, steps=4), "invalid steps=4: an integer >= %d" % mixtrain._native.MIN_COMPARE_STEPS),
         (dict(optimizer=opt), "optimizer= and steps="),
         (dict(optimizer=opt, steps=16, lr=1e-2), "lr= comes from the training loop"),
         (dict(optimizer=torch.optim.AdamW(list(model.parameters())[:2], lr=1e-3), steps=16), "is not in the optimizer"),
