@@ -2,14 +2,22 @@
 """Baseline (a): the same training as `mixtrain train` in plain PyTorch-Python
 (the build's torch, run with .venv/bin/python at its default threads):
 same model, data, normalization, AdamW hyper-parameters, fastai's one-cycle
-formula per step, batch size and epoch. Prints one JSON line like raw_loop."""
+formula per step, batch size and epoch. Prints one JSON line like raw_loop.
+
+    python_loop.py [DATA_DIR] [--compile]
+
+--compile: the model through torch.compile (inductor, the machine's C++ compiler), compiled
+before the timed epoch (its training and validation graphs, on a batch whose effects are undone);
+the compile's own time is reported apart as compile_seconds."""
 import gzip, json, math, sys, time
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-data_dir = sys.argv[1] if len(sys.argv) > 1 else "/usr/share/datasets/fashion-mnist"
+args = [a for a in sys.argv[1:] if a != "--compile"]
+compiled = "--compile" in sys.argv[1:]
+data_dir = args[0] if args else "/usr/share/datasets/fashion-mnist"
 
 def read_idx(path):
     with gzip.open(path, "rb") as f:
@@ -37,6 +45,21 @@ model = nn.Sequential(
 lr_max, bs = 3e-3, 256
 opt = torch.optim.AdamW(model.parameters(), lr=lr_max, betas=(0.95, 0.99), eps=1e-5, weight_decay=0.01)
 gen = torch.Generator().manual_seed(42)
+forward, compile_seconds = model, 0.0
+if compiled:
+    import copy
+    forward = torch.compile(model)
+    c0 = time.perf_counter()
+    saved = copy.deepcopy(model.state_dict())  # BatchNorm's statistics move in the warm-up
+    F.cross_entropy(forward(xt[:bs]), yt[:bs]).backward()
+    opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        forward(xv[:bs])
+        forward(xv[:xv.shape[0] % bs or bs])  # the last, shorter batch: a graph of its own
+    model.train()
+    model.load_state_dict(saved)
+    compile_seconds = time.perf_counter() - c0
 
 t0 = time.perf_counter()
 n = xt.shape[0]; steps = n // bs
@@ -49,7 +72,7 @@ for i in range(steps):
         g["lr"] = combined(0.25, lr_max / 25, lr_max, lr_max / 1e5, pos)
         g["betas"] = (combined(0.25, 0.95, 0.85, 0.95, pos), 0.99)
     idx = order[i * bs:(i + 1) * bs]
-    loss = F.cross_entropy(model(xt[idx]), yt[idx])
+    loss = F.cross_entropy(forward(xt[idx]), yt[idx])
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -58,7 +81,8 @@ model.eval()
 correct = 0
 with torch.no_grad():
     for s in range(0, xv.shape[0], bs):
-        correct += (model(xv[s:s + bs]).argmax(1) == yv[s:s + bs]).sum().item()
+        correct += (forward(xv[s:s + bs]).argmax(1) == yv[s:s + bs]).sum().item()
 seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": round(seconds, 4), "valid_accuracy": correct / xv.shape[0],
-                  "train_loss": loss_sum / steps, "threads": torch.get_num_threads()}))
+                  "train_loss": loss_sum / steps, "threads": torch.get_num_threads(),
+                  **({"compile_seconds": round(compile_seconds, 2)} if compiled else {})}))

@@ -2,9 +2,11 @@
 in PyTorch-Python, for bench/model_bench.sh: the same architecture, sizes,
 initialization scheme, AdamW settings and batch shapes, on the same threads.
 
-    .venv/bin/python bench/python_transformer.py STEPS BATCH THREADS [fp32|bf16|bf16-pure]
+    .venv/bin/python bench/python_transformer.py STEPS BATCH THREADS [fp32|bf16|bf16-pure] [compile]
 prints "python_step_ms X". bf16: torch.autocast's bf16 forward; bf16-pure: the model in bf16
 (model.to(torch.bfloat16)) under torch's AdamW, which rounds at every op: the loop a user writes.
+compile: the model through torch.compile (inductor, the machine's C++ compiler); its compile
+happens in the warm-up steps, which are not timed.
 """
 import contextlib
 import sys
@@ -34,6 +36,7 @@ def main():
     model = built_in_transformer()
     if precision == "bf16-pure":
         model.to(torch.bfloat16)
+    forward = torch.compile(model) if "compile" in sys.argv[5:] else model
     region = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-5, weight_decay=0.01)
     x = torch.randint(0, 256, (batch, 64))
@@ -41,7 +44,7 @@ def main():
 
     def step():
         with region():
-            logits = model(x)
+            logits = forward(x)
         loss = F.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
