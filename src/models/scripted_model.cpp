@@ -64,11 +64,14 @@ class ScriptedModel : public ScriptedSubmodule, public detail::ScriptPathResolve
       explicit Resolving(detail::ScriptPathResolver* r) : previous(detail::set_script_path_resolver(r)) {}
       ~Resolving() { detail::set_script_path_resolver(previous); }
     } resolving(this);
-    // TorchScript's optimizing executor (on a GPU, where fusion comes from) unless
-    // every op must be seen one by one: the emulation, islands and the tracer
-    // watch the dispatcher, and autocast is left to the dispatcher's Autocast
-    // keys (the executor's own autocast pass differs from eager autocast).
-    const bool plain = detail::ops_observed() || compat::is_autocast_enabled(c10::DeviceType::CPU) ||
+    // TorchScript's optimizing executor only on a GPU, where fusion comes from, and only
+    // when no op must be seen one by one: the emulation, islands and the tracer watch the
+    // dispatcher, and autocast is left to the dispatcher's Autocast keys (the executor's own
+    // autocast pass differs from eager autocast). On the CPU it fuses nothing and its
+    // differentiable graphs cost: the default CNN's step as TorchScript took 1.24x the
+    // native module's with it and 1.03x without (torch 2.13, BENCHMARKS.md).
+    const bool on_gpu = !inputs.empty() && !inputs.front().device().is_cpu();
+    const bool plain = !on_gpu || detail::ops_observed() || compat::is_autocast_enabled(c10::DeviceType::CPU) ||
                        compat::is_autocast_enabled(c10::DeviceType::CUDA);
     const torch::jit::GraphOptimizerEnabledGuard executor(!plain);
     c10::IValue out = script_.forward(std::move(args));
