@@ -480,14 +480,8 @@ PYBIND11_MODULE(_native, m) {
       py::arg("diagnosing"));
   // What libtorch would report deep inside a run (meta, all frozen, float64), asked before
   // Python scripts the model; the CLI asks it where a model is built.
-  m.def(
-      "refuse_untrainable",
-      [](const std::vector<at::Tensor>& params) {
-        std::vector<run::ParameterFacts> facts;
-        for (const auto& p : params) facts.push_back({p.scalar_type(), p.is_meta(), p.requires_grad()});
-        run::refuse_untrainable(facts);
-      },
-      py::arg("params"));
+  m.def("refuse_untrainable", py::overload_cast<const std::vector<at::Tensor>&>(&run::refuse_untrainable),
+        py::arg("params"));
   // mixtrain.watch's module ranges for a TorchScript model (its submodules take no forward hooks).
   py::class_<diagnose::ModuleRangeTracer>(m, "ModuleRangeTracer")
       .def(py::init<const std::vector<std::pair<std::string, torch::Tensor>>&>(), py::arg("named_params"))

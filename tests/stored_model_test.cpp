@@ -102,9 +102,9 @@ TEST(StoredModelTest, AModelOnTheMetaDeviceAllFrozenOrInFloat64IsOneLine) {
   torch::nn::Module on_meta;  // a model built on the meta device (libtorch's to(kMeta) refuses set_data)
   on_meta.register_parameter("weight", torch::empty({4, 4}, torch::device(torch::kMeta)));
   EXPECT_THROW_WITH(run::refuse_untrainable(on_meta), "the model's parameters are on the meta device");
-  EXPECT_NO_THROW(run::refuse_untrainable(std::vector<run::ParameterFacts>{}));  // no parameters: nothing to refuse
+  EXPECT_NO_THROW(run::refuse_untrainable(std::vector<torch::Tensor>{}));  // no parameters: nothing to refuse
   try {
-    run::refuse_untrainable({{ScalarType::Double, false, true}});
+    run::refuse_untrainable(std::vector<torch::Tensor>{torch::zeros({2}, torch::kDouble).requires_grad_()});
     FAIL() << "float64 was not refused";
   } catch (const OptionError& e) {
     EXPECT_EQ(e.key(), "model");  // each front end names it in its words

@@ -50,25 +50,21 @@ StoredModel stored_model(const torch::nn::Module& model) {
   return stored_model(modules);
 }
 
-void refuse_untrainable(const std::vector<ParameterFacts>& params) {
+void refuse_untrainable(const std::vector<torch::Tensor>& params) {
   const auto any = [&](auto&& pred) { return std::any_of(params.begin(), params.end(), pred); };
-  if (any([](const ParameterFacts& p) { return p.meta; }))
+  if (any([](const torch::Tensor& p) { return p.is_meta(); }))
     throw OptionError("model", Phrase("the model's parameters are on the meta device (they hold no values): materialize "
                                       "them first (to_empty on a device and initialize them, or load a state_dict "
                                       "with assign)"));
-  if (!params.empty() && !any([](const ParameterFacts& p) { return p.requires_grad; }))
+  if (!params.empty() && !any([](const torch::Tensor& p) { return p.requires_grad(); }))
     throw OptionError("model", Phrase("every parameter of the model is frozen (requires_grad=False): there is nothing "
                                       "to train; unfreeze the ones to train (requires_grad_(True))"));
-  if (any([](const ParameterFacts& p) { return p.dtype == c10::ScalarType::Double; }))
+  if (any([](const torch::Tensor& p) { return p.scalar_type() == c10::ScalarType::Double; }))
     throw OptionError("model", Phrase("the model's parameters are float64: mixtrain trains fp32 models (in mixed "
                                       "precision); pass model.float()"));
 }
 
-void refuse_untrainable(const torch::nn::Module& model) {
-  std::vector<ParameterFacts> facts;
-  for (const auto& p : model.parameters()) facts.push_back({p.scalar_type(), p.is_meta(), p.requires_grad()});
-  refuse_untrainable(facts);
-}
+void refuse_untrainable(const torch::nn::Module& model) { refuse_untrainable(model.parameters()); }
 
 void refuse_fp16_storage(const StoredModel& model) {
   if (model.sixteen_bit == c10::ScalarType::Half)

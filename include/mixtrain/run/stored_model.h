@@ -57,17 +57,10 @@ struct StoredModelChoice {
   Phrase notice;                         ///< empty when nothing was chosen for the caller
 };
 
-/// One parameter as the model-wide checks read it.
-struct ParameterFacts {
-  c10::ScalarType dtype;
-  bool meta;           ///< on the meta device: it holds no values
-  bool requires_grad;  ///< trained (false: frozen)
-};
-
 /// What libtorch would report deep inside a run, said first, for both front ends: throws
 /// OptionError("model") when the parameters are on the meta device, when every one is
 /// frozen, or when any is float64 (mixtrain trains fp32 models in mixed precision).
-void refuse_untrainable(const std::vector<ParameterFacts>& params);
+void refuse_untrainable(const std::vector<torch::Tensor>& params);
 /// Reads a model's parameters.
 void refuse_untrainable(const torch::nn::Module& model);
 
