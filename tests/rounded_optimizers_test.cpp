@@ -1,13 +1,16 @@
 // mixtrain::optim: the five optimizers over parameters and state stored in bf16 (real bf16
 // tensors), each update computed in fp32 and written back once by a rule. Python's
-// tests/python/test_optim.py checks the core bitwise against torch.optim in fp32 and on
-// bf16 values for every optimizer and option; here: the storage claim against bf16-pure's
-// own pass (fp32 tensors of bf16 values, rounded by amp::round_update), torch's C++
+// tests/python/test_optim.py checks the core bitwise against torch.optim (with a correctly
+// rounded root) in fp32 and on bf16 values for every optimizer and option; here: the storage
+// claim against bf16-pure's own pass (fp32 tensors of bf16 values, rounded by
+// amp::round_update), Adam's fused pass against the ops, the core's root, torch's C++
 // optimizers, save/load, and bad input.
 #include "test_util.h"
 
 #include <mixtrain/mixtrain.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 namespace {
@@ -143,6 +146,107 @@ TEST_F(RoundedOptimizersTest, InFp32TheyAreTorchsOwnOptimizersWhereTheOpsAgreeAn
   EXPECT_EQ(kind_of(ours_adam), OptimizerKind::kAdamW);
   EXPECT_EQ(kind_of(ours), OptimizerKind::kSgd);
   EXPECT_EQ(*state_tensors_per_param(ours_adam), 2);
+}
+
+/// Adam's step through the core on `param` (a view, contiguous or not), its moments and a
+/// Kahan compensation of its shape; returns what it counted.
+amp::LostUpdates adam_core_step(torch::Tensor param, const torch::Tensor& grad, std::vector<torch::Tensor> state,
+                                const torch::Tensor& comp, OptimizerKind kind, bool amsgrad, WeightUpdate rule,
+                                int64_t step) {
+  optim::UpdateRule r;
+  r.kind = kind;
+  r.lr = 1e-2;
+  r.weight_decay = 0.05;
+  r.amsgrad = amsgrad;
+  optim::ParamStep s;
+  s.param = param;
+  s.grad = grad;
+  s.state = std::move(state);
+  s.compensation = comp;
+  s.step = step;
+  s.stream = amp::stochastic_stream(step, 0);
+  return optim::update_parameter(r, s, rule, 11);
+}
+
+TEST_F(RoundedOptimizersTest, AdamsFusedPassWithAndWithoutAvx2AndTheOpsOnAStridedTensorGiveTheSameBits) {
+  // A contiguous CPU tensor takes the fused Adam pass (AVX2+FMA here where the CPU has them,
+  // element by element under MIXTRAIN_CPU_AVX2=0, as on a CPU without); the same values seen
+  // through a transpose take torch's ops on fp32 copies. All three are the core's arithmetic:
+  // the same bits, the same counts.
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16})
+    for (const auto kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam})
+      for (const bool amsgrad : {false, true})
+        for (const WeightUpdate rule : {WeightUpdate::kNearest, WeightUpdate::kStochastic, WeightUpdate::kKahan}) {
+          if (dtype == torch::kFloat && rule != WeightUpdate::kNearest) continue;  // fp32 rounds by no rule
+          SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + optimizer_name(kind) + (amsgrad ? " amsgrad " : " ") +
+                       amp::weight_update_name(rule));
+          torch::manual_seed(21);
+          const auto base = [&](double scale) { return (torch::randn({257, 300}) * scale).to(dtype); };
+          const int64_t n_state = amsgrad ? 3 : 2;
+          // Strided: views of [257, 300] bases, transposed; fused: contiguous copies of the same.
+          torch::Tensor w_base = base(1.0);
+          std::vector<torch::Tensor> st_base;
+          for (int64_t i = 0; i < n_state; ++i) st_base.push_back(torch::zeros({257, 300}, dtype));
+          torch::Tensor comp_base = torch::zeros({257, 300}, dtype);
+          torch::Tensor w = w_base.t().contiguous(), comp = comp_base.t().contiguous();
+          torch::Tensor w_scalar = w.clone(), comp_scalar = comp.clone();
+          std::vector<torch::Tensor> st, st_scalar;
+          for (const auto& t : st_base) st.push_back(t.t().contiguous());
+          for (const auto& t : st) st_scalar.push_back(t.clone());
+          const bool kahan = dtype == torch::kBFloat16 && rule == WeightUpdate::kKahan;
+          for (int64_t step = 1; step <= 3; ++step) {
+            const torch::Tensor g = base(std::pow(10.0, -step)).t().contiguous();
+            std::vector<torch::Tensor> strided_state;
+            for (const auto& t : st_base) strided_state.push_back(t.t());
+            ASSERT_FALSE(w_base.t().is_contiguous());
+            const amp::LostUpdates a = adam_core_step(w_base.t(), g.t().contiguous().t(), strided_state,
+                                                      kahan ? comp_base.t() : torch::Tensor(), kind, amsgrad, rule, step);
+            const amp::LostUpdates b =
+                adam_core_step(w, g, st, kahan ? comp : torch::Tensor(), kind, amsgrad, rule, step);
+            ::setenv("MIXTRAIN_CPU_AVX2", "0", 1);
+            const amp::LostUpdates c =
+                adam_core_step(w_scalar, g, st_scalar, kahan ? comp_scalar : torch::Tensor(), kind, amsgrad, rule, step);
+            ::unsetenv("MIXTRAIN_CPU_AVX2");
+            ASSERT_TRUE(torch::equal(w_base.t(), w)) << "step " << step;
+            ASSERT_TRUE(torch::equal(w_scalar, w)) << "step " << step;
+            for (int64_t i = 0; i < n_state; ++i) {
+              ASSERT_TRUE(torch::equal(st_base[i].t(), st[i])) << "state " << i;
+              ASSERT_TRUE(torch::equal(st_scalar[i], st[i])) << "state " << i;
+            }
+            if (kahan) ASSERT_TRUE(torch::equal(comp_base.t(), comp) && torch::equal(comp_scalar, comp));
+            for (const amp::LostUpdates* other : {&a, &c}) {
+              EXPECT_EQ(other->elements, b.elements);
+              EXPECT_EQ(other->intended, b.intended);
+              EXPECT_EQ(other->lost, b.lost);
+              EXPECT_EQ(other->intended_sq, b.intended_sq);
+              EXPECT_EQ(other->lost_sq, b.lost_sq);
+            }
+          }
+          EXPECT_FALSE(torch::equal(w.to(torch::kFloat), base(1.0).t().to(torch::kFloat)));  // it moved
+        }
+}
+
+TEST_F(RoundedOptimizersTest, TheCoresRootIsCorrectlyRounded) {
+  // Adagrad's step from sums x, with a gradient of 1, lr 1 and eps 0, writes -1 / sqrt(x + 1).
+  // Against the root taken in double and rounded once (correct for a float), over 2^16 sums: the
+  // core's root is IEEE's, not MKL's (on AVX-512 CPUs an ulp off in about 17% of these).
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::rand({1 << 16}) * 100 + 1;
+  const torch::Tensor g = torch::ones({1 << 16});
+  const torch::Tensor sum = x + 1;
+  const torch::Tensor expected = -(1 / sum.to(torch::kDouble).sqrt().to(torch::kFloat));
+  torch::Tensor w = torch::zeros({1 << 16});
+  optim::UpdateRule r;
+  r.kind = OptimizerKind::kAdagrad;
+  r.lr = 1;
+  r.eps = 0;
+  optim::ParamStep s;
+  s.param = w;
+  s.grad = g;
+  s.state = {x.clone()};
+  optim::update_parameter(r, s, WeightUpdate::kNearest, 0);
+  EXPECT_TRUE(torch::equal(s.state[0], sum));
+  EXPECT_TRUE(torch::equal(w, expected));
 }
 
 TEST_F(RoundedOptimizersTest, SaveAndLoadGoOnBitwiseWithTheKahanCompensation) {

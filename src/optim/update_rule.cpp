@@ -1,5 +1,7 @@
 #include "mixtrain/optim/update_rule.h"
 
+#include "cpu_pass.h"
+
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -60,9 +62,9 @@ void fp32_step(const UpdateRule& r, int64_t step, bool fresh_momentum, Tensor& p
       if (r.amsgrad) {
         Tensor& max_sq = state[2];
         at::maximum_out(max_sq, max_sq, exp_avg_sq);
-        denom = (max_sq.sqrt() / bias_correction2_sqrt).add_(r.eps);
+        denom = (detail::sqrt_correctly_rounded(max_sq) / bias_correction2_sqrt).add_(r.eps);
       } else {
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(r.eps);
+        denom = (detail::sqrt_correctly_rounded(exp_avg_sq) / bias_correction2_sqrt).add_(r.eps);
       }
       p.addcdiv_(exp_avg, denom, -step_size);
       return;
@@ -88,9 +90,9 @@ void fp32_step(const UpdateRule& r, int64_t step, bool fresh_momentum, Tensor& p
       if (r.centered) {
         Tensor& grad_avg = state[r.momentum > 0 ? 2 : 1];
         grad_avg.lerp_(g, 1 - r.alpha);
-        avg = square_avg.addcmul(grad_avg, grad_avg, -1).sqrt_();
+        avg = detail::sqrt_correctly_rounded(square_avg.addcmul(grad_avg, grad_avg, -1));
       } else {
-        avg = square_avg.sqrt();
+        avg = detail::sqrt_correctly_rounded(square_avg);
       }
       avg.add_(r.eps);
       if (r.momentum > 0) {
@@ -107,7 +109,7 @@ void fp32_step(const UpdateRule& r, int64_t step, bool fresh_momentum, Tensor& p
       const double clr = r.lr / (1 + (stepd - 1) * r.lr_decay);
       Tensor& sum = state[0];
       sum.addcmul_(g, g, 1);
-      Tensor std = sum.sqrt().add_(r.eps);
+      Tensor std = detail::sqrt_correctly_rounded(sum).add_(r.eps);
       p.addcdiv_(g, std, -clr);
       return;
     }
@@ -219,6 +221,79 @@ amp::LostUpdates step_part(const UpdateRule& r, const ParamStep& s, amp::WeightU
   return write_weight(param, w32, old32, comp, rule, seed, s.stream, first, spans);
 }
 
+bool fused_dtype(const Tensor& t) {
+  return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
+}
+
+/// Adam and AdamW over contiguous CPU tensors of fp32 and bf16: the fused pass (cpu_pass.h).
+/// Anything else (another device, strides, fp16) takes the ops above, whose numbers are
+/// the same (tested).
+bool takes_fused_adam(const UpdateRule& r, const Tensor& param, const Tensor& grad, const std::vector<Tensor>& state,
+                      const Tensor& comp) {
+  if (r.kind != OptimizerKind::kAdamW && r.kind != OptimizerKind::kAdam) return false;
+  const auto fits = [](const Tensor& t) { return t.is_cpu() && t.is_contiguous() && fused_dtype(t); };
+  bool all = fits(param) && fits(grad) && (!comp.defined() || fits(comp));
+  for (const Tensor& t : state) all = all && fits(t) && t.scalar_type() == state[0].scalar_type();
+  return all;
+}
+
+detail::Operand operand(const Tensor& t, int64_t first) {
+  if (!t.defined()) return {};
+  return {static_cast<char*>(t.data_ptr()) + first * t.element_size(), t.scalar_type() == torch::kBFloat16};
+}
+
+/// The fused Adam pass. An fp32 weight is written in place, the elements split evenly
+/// between the threads; a bf16 weight in spans of amp::kUpdateChunk, spans in parallel, each
+/// computed into fp32 scratch and rounded by round_update_span there (its counts, bit for bit).
+amp::LostUpdates fused_adam(const UpdateRule& r, const ParamStep& s, amp::WeightUpdate rule, uint64_t seed,
+                            const Tensor& param, const Tensor& grad, const std::vector<Tensor>& state,
+                            const Tensor& comp) {
+  const detail::AdamScalars scalars = detail::adam_scalars(r, s.step);
+  const int64_t n = param.numel();
+  constexpr int64_t kSpan = amp::kUpdateChunk;
+  const bool rounds = param.scalar_type() == torch::kBFloat16;
+  const bool bf16_comp = comp.defined() && comp.scalar_type() == torch::kBFloat16;
+  if (!rounds) {
+    // An fp32 weight rounds by no rule and counts nothing: the threads split the elements
+    // evenly (spans split 16/15 between two threads cost 5% there). The scalar tail at each
+    // split gives the vector lanes' bits (tested), so the split does not change them.
+    at::parallel_for(0, n, kSpan, [&](int64_t lo, int64_t hi) {
+      detail::adam_span(scalars, hi - lo, operand(param, lo), operand(grad, lo), operand(state[0], lo),
+                        operand(state[1], lo), r.amsgrad ? operand(state[2], lo) : detail::Operand{}, nullptr, nullptr);
+    });
+    amp::LostUpdates none;
+    none.elements = n;
+    return none;
+  }
+  std::vector<amp::LostUpdates> parts(static_cast<size_t>((n + kSpan - 1) / kSpan));
+  at::parallel_for(0, static_cast<int64_t>(parts.size()), 1, [&](int64_t j0, int64_t j1) {
+    // Kept per thread: a fresh 384 KiB block per call would be mapped and faulted in each time.
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<size_t>(3 * kSpan)) scratch.resize(static_cast<size_t>(3 * kSpan));
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t lo = j * kSpan, len = std::min(kSpan, n - lo);
+      const detail::Operand p = operand(param, lo);
+      const detail::Operand max_sq = r.amsgrad ? operand(state[2], lo) : detail::Operand{};
+      float* fresh = scratch.data();
+      float* old = fresh + kSpan;
+      float* c = nullptr;
+      if (comp.defined()) {
+        c = bf16_comp ? old + kSpan : static_cast<float*>(operand(comp, lo).data);
+        if (bf16_comp) detail::load_bf16(operand(comp, lo).data, c, len);
+      }
+      detail::adam_span(scalars, len, p, operand(grad, lo), operand(state[0], lo), operand(state[1], lo), max_sq, fresh,
+                        old);
+      parts[static_cast<size_t>(j)] =
+          amp::round_update_span(fresh, old, c, len, static_cast<uint64_t>(lo), rule, seed, s.stream);
+      detail::store_bf16(fresh, p.data, len);
+      if (bf16_comp) detail::store_bf16(c, operand(comp, lo).data, len);
+    }
+  });
+  amp::LostUpdates total;
+  for (const auto& part : parts) total += part;
+  return total;
+}
+
 } // namespace
 
 amp::LostUpdates update_parameter(const UpdateRule& rule, ParamStep& s, amp::WeightUpdate weight_update, uint64_t seed) {
@@ -230,6 +305,8 @@ amp::LostUpdates update_parameter(const UpdateRule& rule, ParamStep& s, amp::Wei
   for (const Tensor& t : s.state) state.push_back(t.detach());
   const bool kahan = s.param.scalar_type() == torch::kBFloat16 && weight_update == amp::WeightUpdate::kKahan;
   const Tensor comp = kahan ? s.compensation.detach() : Tensor();
+
+  if (takes_fused_adam(rule, param, grad, state, comp)) return fused_adam(rule, s, weight_update, seed, param, grad, state, comp);
 
   bool all_fp32 = is_fp32(param) && is_fp32(grad);
   for (const Tensor& t : state) all_fp32 = all_fp32 && is_fp32(t);

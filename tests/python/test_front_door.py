@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 import mixtrain
+from correct_root import correctly_rounded_root  # tests/python/correct_root.py
 from shared_models import Overflowing  # tests/python/shared_models.py
 
 
@@ -534,10 +535,12 @@ def _continued(model, opt, make_optimizer, batches):
 def test_the_fp32_window_is_the_users_own_loop_continued(make_optimizer):
     model, opt, batches = _loop(make_optimizer)
     # The user's loop, continued on copies for the window's 16 batches, on the doctor's 2 threads.
+    # With a correctly rounded root, as the optimizer core takes it (tests/python/correct_root.py).
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        twin, losses = _continued(model, opt, make_optimizer, batches[20:36])
+        with correctly_rounded_root():
+            twin, losses = _continued(model, opt, make_optimizer, batches[20:36])
     finally:
         torch.set_num_threads(threads)
     window_x = torch.cat([b[0] for b in batches[20:36]])
@@ -548,8 +551,8 @@ def test_the_fp32_window_is_the_users_own_loop_continued(make_optimizer):
     d = mixtrain.doctor(model, iter(batches[20:]), optimizer=opt, steps=16, precision="bf16", threads=2)
     fp32 = d.measurements["fp32"]
     assert fp32["steps"] == 16
-    # Bitwise: the arm replays the loop's update (mixtrain's optimizer core: torch.optim's ops) on the
-    # loop's threads (2, as the twin ran). (libtorch's own AdamW, its first moment as mul_/add_, gives
+    # Bitwise: the arm replays the loop's update (mixtrain's optimizer core: torch.optim's arithmetic
+    # with a correctly rounded root) on the loop's threads (2, as the twin ran). (libtorch's own AdamW, its first moment as mul_/add_, gives
     # the same losses here too: the exactness is of the replay, not a test of lerp_.)
     assert fp32["final_loss"] == sum(losses[-5:]) / 5
     assert fp32["valid_loss"] == pytest.approx(valid_loss, rel=1e-5)

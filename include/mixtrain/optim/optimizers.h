@@ -9,10 +9,11 @@
 ///     per parameter, 2 bytes more);
 ///   - the element updates rounding threw away counted in the same pass (lost_updates()).
 ///
-/// The update is torch.optim's (Python's) single-tensor step, op for op; libtorch's own
-/// C++ optimizers differ from it in a few ops (Adam's first moment is mul_/add_ there,
-/// lerp_ in Python), so in fp32 these match Python's torch.optim bitwise and libtorch's
-/// within a few ulps. As torch's classes, they serve wherever a torch::optim::Optimizer
+/// The update is torch.optim's (Python's) single-tensor arithmetic with a correctly rounded
+/// root (optim/update_rule.h says why); libtorch's own C++ optimizers differ from it in a
+/// few ops (Adam's first moment is mul_/add_ there, lerp_ in Python), so in fp32 these are
+/// within a few ulps of Python's torch.optim and of libtorch's, and SGD (no root) is bitwise
+/// both. As torch's classes, they serve wherever a torch::optim::Optimizer
 /// does: amp::GradScaler::step, param groups, LR changes through the options, the
 /// Learner's opt_func, save/load (torch's layout, then the rounding's own state).
 ///

@@ -7,9 +7,19 @@
 ///     updates rounding threw away counted in the same pass;
 ///   - the state to nearest, in its own dtype.
 ///
-/// The update is torch.optim's single-tensor implementation, op for op, in fp32:
-///   - all-fp32 storage runs those ops on the tensors in place: bitwise torch.optim's step
-///     (tested against it from Python, tests/python/test_optim.py);
+/// The update is torch.optim's single-tensor arithmetic in fp32, element for element, with
+/// one difference: the square root is correctly rounded (IEEE's, as CUDA and torch's fused
+/// CPU kernels take it). torch's CPU sqrt is MKL's, an ulp off in about 17% of elements on
+/// AVX-512 CPUs (correct on AVX2 ones); a fused pass cannot give MKL's bits, and leaving the
+/// root to ATen cost more than torch's whole fused step. So the core is bitwise torch.optim's
+/// step run with a correctly rounded root, and within 4 ulps (of the larger of the weight and
+/// its update) of torch's own step from the same state; what the root does not reach (Adam's
+/// moments, RMSprop's square_avg, Adagrad's sum) is bitwise (tests/python/test_optim.py).
+///   - Adam and AdamW on contiguous CPU tensors of fp32 and bf16 (the moments in one dtype):
+///     one fused pass (AVX2+FMA where the CPU has them, the same arithmetic element by element
+///     otherwise) that reads each tensor once and writes it once; a bf16 weight's span is
+///     rounded and counted by amp::round_update_span as below;
+///   - all-fp32 storage otherwise runs torch's ops on the tensors in place;
 ///   - any 16-bit tensor runs them on fp32 copies of one chunk (4 x amp::kUpdateChunk =
 ///     131072 elements: fewer dispatches, still in cache) at a time, chunks in parallel,
 ///     and writes each chunk back once, its rounding counted in amp::kUpdateChunk spans
