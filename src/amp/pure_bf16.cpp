@@ -344,6 +344,7 @@ std::optional<LostUpdateReport> PureBf16::lost_updates() const {
   if (epoch_now_.intended > 0) r.fraction_per_epoch.push_back(epoch_now_.fraction());
   std::vector<LostUpdateReport::Param> rows;
   for (const auto& p : params_) {
+    r.per_param.push_back({p.name, p.total.intended, p.total.lost});
     if (p.total.intended == 0) continue;
     LostUpdateReport::Param row;
     row.name = p.name;

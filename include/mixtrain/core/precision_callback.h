@@ -52,6 +52,12 @@ struct LostUpdateReport {
     double rms_update = 0;        ///< typical |fp32 update| (lr x the optimizer's step)
   };
   std::vector<Param> worst;       ///< the parameters that lost most, worst first (up to 8)
+  /// Every 16-bit trainable parameter's counts, in the model's order (a watch's evidence).
+  struct Counts {
+    std::string name;
+    int64_t intended = 0, lost = 0;
+  };
+  std::vector<Counts> per_param;
   int64_t params = 0;             ///< elements of every 16-bit trainable parameter
   /// The modules worth keeping in fp32 (an island): a trainable parameter of their own lost
   /// at least kIslandLostShare of its updates (or never moved); norm layers first, then the smallest,
