@@ -118,9 +118,14 @@ TEST_F(HostReadsTest, TheLossValueIsReadOnceAndFollowsAReplacedLoss) {
       reads_for_two = host_reads() - before;
       learn.loss() = learn.loss() * 0 + 7;  // a callback may replace the loss
       replaced = learn.loss_value();
+      // Released first, then made anew: the new loss may sit where the old one was freed
+      // (malloc hands the same block back), and must still be read, not taken for the old.
+      learn.loss() = torch::Tensor();
+      learn.loss() = torch::full({}, 9.0);
+      remade = learn.loss_value();
     }
     int64_t reads_for_two = -1;
-    double replaced = 0;
+    double replaced = 0, remade = 0;
   };
   auto ask = std::make_shared<AskThrice>();
   const data::Dataset train = test::blobs(64, 3, 4, 1);
@@ -130,6 +135,7 @@ TEST_F(HostReadsTest, TheLossValueIsReadOnceAndFollowsAReplacedLoss) {
   learn.fit(1, 1e-3);
   EXPECT_EQ(ask->reads_for_two, 1);
   EXPECT_EQ(ask->replaced, 7.0);
+  EXPECT_EQ(ask->remade, 9.0);
   EXPECT_EQ(read_to_host({torch::tensor(2.5), torch::tensor(true), torch::tensor(int64_t{3})}),
             (std::vector<double>{2.5, 1.0, 3.0}));
 }

@@ -346,7 +346,7 @@ void Learner::all_batches(data::DataLoader& dl) {
 void Learner::one_batch(int64_t i, const data::Batch& b) {
   iter_ = i;
   step_info_ = StepInfo();
-  loss_value_of_ = nullptr;
+  loss_value_of_ = torch::Tensor();
   const bool on_cpu = options_.device().is_cpu();
   batch_ = on_cpu ? b : b.to(options_.device());
   try {
@@ -408,13 +408,13 @@ void Learner::do_one_batch() {
 
 double Learner::loss_value() {
   TORCH_CHECK(loss_.defined(), "Learner::loss_value: no loss in this batch yet");
-  if (loss_value_of_ != loss_.unsafeGetTensorImpl()) provide_loss_value(read_to_host({loss_}).at(0));
+  if (!loss_value_of_.is_same(loss_)) provide_loss_value(read_to_host({loss_}).at(0));
   return loss_value_;
 }
 
 void Learner::provide_loss_value(double value) {
   loss_value_ = value;
-  loss_value_of_ = loss_.unsafeGetTensorImpl();
+  loss_value_of_ = loss_;
 }
 
 std::vector<double> Learner::validate() {

@@ -309,7 +309,9 @@ class Learner {
   data::Batch batch_;
   torch::Tensor pred_, loss_, loss_grad_;
   double loss_value_ = std::numeric_limits<double>::quiet_NaN();
-  const void* loss_value_of_ = nullptr;  // the loss_ it was read from (a callback may replace loss_)
+  // The loss_ it was read from (a callback may replace loss_), held: a freed loss's address
+  // could be a new loss's, and an address alone would then read back the old value.
+  torch::Tensor loss_value_of_;
   StepInfo step_info_;
   bool training_ = false;
   int64_t epoch_ = 0, n_epoch_ = 0, iter_ = 0, n_iter_ = 0, train_iter_ = 0;
