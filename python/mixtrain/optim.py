@@ -108,9 +108,13 @@ class _RoundedOptimizer(torch.optim.Optimizer):
         return out
 
     def _index(self, p):
+        return self._param_indices()[id(p)]
+
+    def _param_indices(self):
+        """Each parameter's place in the optimizer's order, by id (rebuilt when a group is added)."""
         if not hasattr(self, "_indices") or len(self._indices) != sum(len(g["params"]) for g in self.param_groups):
             self._indices = {id(q): i for i, q in enumerate(q for g in self.param_groups for q in g["params"])}
-        return self._indices[id(p)]
+        return self._indices
 
     def _kind_of(self, group):
         return self._kind
@@ -126,6 +130,7 @@ class _RoundedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        indices = self._param_indices()  # once a step, not once a parameter
         for group in self.param_groups:
             kind = self._kind_of(group)
             hyper = _hyper(group)
@@ -145,7 +150,7 @@ class _RoundedOptimizer(torch.optim.Optimizer):
                     comp = state.get("kahan_comp")
                     if comp is None:
                         comp = state["kahan_comp"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                index = self._index(p)
+                index = indices[id(p)]
                 counts = _native.update_parameter(kind, p, p.grad, tensors, hyper, step, fresh,
                                                   self.weight_update, comp, self.seed,
                                                   (step * _STREAM_PRIME + index) & _U64)
