@@ -44,11 +44,11 @@ struct Operand {
 ///   - into `param` itself when it is fp32 (new_weight == nullptr);
 ///   - else into `new_weight[0..n)` in fp32, the weight before the step into `old_weight`,
 ///     for the caller to round by its rule.
-/// MIXTRAIN_CPU_AVX2=0 forces the element-by-element path (tests). (An AVX-512 path was
-/// tried: no faster on 10M parameters, memory-bound.)
 /// The moments (and `max_sq`, read only with amsgrad) share one dtype; a bf16 weight
-/// comes with `new_weight`, an fp32 one without. AVX2+FMA where the CPU has them, else the same
-/// arithmetic one element at a time: the bits do not depend on the CPU.
+/// comes with `new_weight`, an fp32 one without. AVX2+FMA where the CPU has them, else the
+/// same arithmetic one element at a time: the bits do not depend on the CPU
+/// (MIXTRAIN_CPU_AVX2=0 forces the element path, for tests). An AVX-512 path was tried: no
+/// faster on 10M parameters, memory-bound.
 void adam_span(const AdamScalars& s, int64_t n, Operand param, Operand grad, Operand exp_avg, Operand exp_avg_sq,
                Operand max_sq, float* new_weight, float* old_weight);
 
