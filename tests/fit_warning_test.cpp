@@ -55,7 +55,7 @@ TEST_F(FitWarningTest, ACollapsedScaleEndsTheFitWithTheWatchsGradientOverflowAnd
 }
 
 TEST_F(FitWarningTest, Bf16PureNearestLosingMostUpdatesIsTheWatchsLostUpdatesAndStochasticIsQuiet) {
-  const auto fit = [](WeightUpdate rule, double lr) {
+  const auto fit = [](amp::WeightUpdate rule, double lr) {
     torch::manual_seed(0);
     test::NormMlp net;
     auto dls = data::DataLoaders::from_split({test::blobs(512, 3, 8, 3), test::blobs(128, 3, 8, 4)}, 32, 11);
@@ -65,7 +65,7 @@ TEST_F(FitWarningTest, Bf16PureNearestLosingMostUpdatesIsTheWatchsLostUpdatesAnd
     learn->fit(1, lr);
     return learn;
   };
-  const auto nearest = fit(WeightUpdate::kNearest, 1e-5);
+  const auto nearest = fit(amp::WeightUpdate::kNearest, 1e-5);
   const diagnose::WatchEvidence e = diagnose::fit_evidence(nearest->recorder().steps(), nearest->precision_cb().get());
   const auto lost = nearest->precision_cb()->lost_updates();
   ASSERT_TRUE(lost);
@@ -84,7 +84,7 @@ TEST_F(FitWarningTest, Bf16PureNearestLosingMostUpdatesIsTheWatchsLostUpdatesAnd
   EXPECT_NE(w.find("norm.weight 100%"), std::string::npos) << w;  // the LayerNorm gain never moves
   EXPECT_NE(w.find(Phrase::setting("weight_update", "stochastic").str()), std::string::npos) << w;
   // Stochastic rounding keeps what single steps drop: no verdict, and no fact worth a line.
-  const auto stochastic = fit(WeightUpdate::kStochastic, 1e-5);
+  const auto stochastic = fit(amp::WeightUpdate::kStochastic, 1e-5);
   EXPECT_EQ(stochastic->get_cb<diagnose::FitWarning>()->message().str(), "");
 }
 
