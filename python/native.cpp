@@ -324,12 +324,9 @@ py::dict run_command(const std::string& command, const py::object& script_object
 
 // ---- mixtrain.optim's step: one parameter through the optimizer core (the same code the
 // C++ optimizers step with). `hyper` is the param group's dict, in torch.optim's keys.
-py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::Tensor grad,
-                          std::vector<torch::Tensor> state, const py::dict& hyper, int64_t step, bool fresh_momentum,
-                          const std::string& weight_update, std::optional<torch::Tensor> compensation, uint64_t seed,
-                          uint64_t stream) {
-  namespace optim = mixtrain::optim;
-  optim::UpdateRule r;
+/// The rule of a param group: `kind` and the group's dict, in torch.optim's keys.
+mixtrain::optim::UpdateRule rule_of_group(const std::string& kind, const py::dict& hyper) {
+  mixtrain::optim::UpdateRule r;
   const auto parsed = mixtrain::parse_optimizer(kind);
   TORCH_CHECK(parsed, "update_parameter: unknown optimizer ", kind);
   r.kind = *parsed;
@@ -355,11 +352,32 @@ py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::T
   flag("centered", r.centered);
   number("lr_decay", r.lr_decay);
   flag("maximize", r.maximize);
-  std::optional<mixtrain::amp::WeightUpdate> rule;
+  return r;
+}
+
+mixtrain::amp::WeightUpdate weight_update_named(const std::string& weight_update) {
+  std::optional<mixtrain::amp::WeightUpdate> found;
   for (const auto& [name, value] : mixtrain::amp::weight_update_names())
-    if (name == weight_update) rule = value;
-  TORCH_CHECK(rule, "update_parameter: unknown weight_update ", weight_update);
-  optim::ParamStep s;
+    if (name == weight_update) found = value;
+  TORCH_CHECK(found, "update_parameter: unknown weight_update ", weight_update);
+  return *found;
+}
+
+py::dict counts_dict(const mixtrain::amp::LostUpdates& lost) {
+  py::dict out;
+  out["elements"] = lost.elements;
+  out["intended"] = lost.intended;
+  out["lost"] = lost.lost;
+  return out;
+}
+
+py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::Tensor grad,
+                          std::vector<torch::Tensor> state, const py::dict& hyper, int64_t step, bool fresh_momentum,
+                          const std::string& weight_update, std::optional<torch::Tensor> compensation, uint64_t seed,
+                          uint64_t stream) {
+  const mixtrain::optim::UpdateRule r = rule_of_group(kind, hyper);
+  const mixtrain::amp::WeightUpdate rule = weight_update_named(weight_update);
+  mixtrain::optim::ParamStep s;
   s.param = std::move(param);
   s.grad = std::move(grad);
   s.state = std::move(state);
@@ -370,12 +388,41 @@ py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::T
   mixtrain::amp::LostUpdates lost;
   {
     py::gil_scoped_release no_gil;
-    lost = optim::update_parameter(r, s, *rule, seed);
+    lost = mixtrain::optim::update_parameter(r, s, rule, seed);
   }
-  py::dict out;
-  out["elements"] = lost.elements;
-  out["intended"] = lost.intended;
-  out["lost"] = lost.lost;
+  return counts_dict(lost);
+}
+
+/// A param group's step in one call (optim::update_parameters: one pass over them all).
+/// The lists are parallel, one entry per parameter; returns one counts dict each.
+py::list update_parameters(const std::string& kind, const std::vector<torch::Tensor>& params,
+                           const std::vector<torch::Tensor>& grads, const std::vector<std::vector<torch::Tensor>>& states,
+                           const py::dict& hyper, const std::vector<int64_t>& steps, const std::vector<bool>& fresh_momentum,
+                           const std::string& weight_update, const std::vector<std::optional<torch::Tensor>>& compensations,
+                           uint64_t seed, const std::vector<uint64_t>& streams) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n && states.size() == n && steps.size() == n && fresh_momentum.size() == n &&
+                  compensations.size() == n && streams.size() == n,
+              "update_parameters: one gradient, state list, step, fresh flag, compensation and stream per parameter");
+  const mixtrain::optim::UpdateRule r = rule_of_group(kind, hyper);
+  const mixtrain::amp::WeightUpdate rule = weight_update_named(weight_update);
+  std::vector<mixtrain::optim::ParamStep> all(n);
+  for (size_t i = 0; i < n; ++i) {
+    all[i].param = params[i];
+    all[i].grad = grads[i];
+    all[i].state = states[i];
+    if (compensations[i]) all[i].compensation = *compensations[i];
+    all[i].step = steps[i];
+    all[i].fresh_momentum = fresh_momentum[i];
+    all[i].stream = streams[i];
+  }
+  std::vector<mixtrain::amp::LostUpdates> lost;
+  {
+    py::gil_scoped_release no_gil;
+    lost = mixtrain::optim::update_parameters(r, all, rule, seed);
+  }
+  py::list out;
+  for (const auto& l : lost) out.append(counts_dict(l));
   return out;
 }
 
@@ -495,6 +542,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("update_parameter", &update_parameter, py::arg("kind"), py::arg("param"), py::arg("grad"), py::arg("state"),
         py::arg("hyper"), py::arg("step"), py::arg("fresh_momentum"), py::arg("weight_update"), py::arg("compensation"),
         py::arg("seed"), py::arg("stream"));
+  m.def("update_parameters", &update_parameters, py::arg("kind"), py::arg("params"), py::arg("grads"),
+        py::arg("states"), py::arg("hyper"), py::arg("steps"), py::arg("fresh_momentum"), py::arg("weight_update"),
+        py::arg("compensations"), py::arg("seed"), py::arg("streams"));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

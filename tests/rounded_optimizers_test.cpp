@@ -226,6 +226,81 @@ TEST_F(RoundedOptimizersTest, AdamsFusedPassWithAndWithoutAvx2AndTheOpsOnAStride
         }
 }
 
+TEST_F(RoundedOptimizersTest, ManyParametersInOnePassAreEachStepAloneBitwiseAndCheckedBeforeAnyMoves) {
+  // update_parameters shares one parallel region between the fused Adam pass's parameters
+  // and steps the rest (here a transposed view: torch's ops) one by one. Each parameter's
+  // weight, state and counts are update_parameter's on it alone, at any thread count.
+  const int before_threads = at::get_num_threads();
+  for (const WeightUpdate rule : {WeightUpdate::kNearest, WeightUpdate::kStochastic}) {
+    SCOPED_TRACE(amp::weight_update_name(rule));
+    torch::manual_seed(5);
+    // fp32 and bf16, large (several pieces, a ragged tail) and tiny, and one strided.
+    std::vector<torch::Tensor> weights = {torch::randn({kBig}), torch::randn({kBig}).to(torch::kBFloat16),
+                                          torch::randn({7}).to(torch::kBFloat16), torch::randn({3}),
+                                          torch::randn({40, 33}).t()};
+    const auto copies = [&] {
+      std::vector<optim::ParamStep> out;
+      for (size_t i = 0; i < weights.size(); ++i) {
+        optim::ParamStep s;
+        s.param = weights[i].is_contiguous() ? weights[i].clone() : weights[i].t().clone().t();
+        s.state = {torch::zeros_like(s.param), torch::zeros_like(s.param)};
+        s.stream = 1000 + i;
+        out.push_back(s);
+      }
+      return out;
+    };
+    std::vector<optim::ParamStep> together = copies(), alone = copies();
+    ASSERT_FALSE(together.back().param.is_contiguous());
+    optim::UpdateRule r;
+    r.kind = OptimizerKind::kAdamW;
+    r.lr = 1e-3;
+    r.weight_decay = 0.01;
+    for (int64_t step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < weights.size(); ++i) {
+        const torch::Tensor g = (torch::randn(weights[i].sizes()) * 1e-3).to(weights[i].scalar_type());
+        for (auto* list : {&together, &alone}) {
+          (*list)[i].grad = g;
+          (*list)[i].step = step;
+        }
+      }
+      at::set_num_threads(2);
+      const std::vector<amp::LostUpdates> counts = optim::update_parameters(r, together, rule, 7);
+      at::set_num_threads(1);
+      ASSERT_EQ(counts.size(), weights.size());
+      for (size_t i = 0; i < weights.size(); ++i) {
+        SCOPED_TRACE("parameter " + std::to_string(i) + ", step " + std::to_string(step));
+        const amp::LostUpdates one = optim::update_parameter(r, alone[i], rule, 7);
+        ASSERT_TRUE(torch::equal(together[i].param, alone[i].param));
+        ASSERT_TRUE(torch::equal(together[i].state[0], alone[i].state[0]));
+        ASSERT_TRUE(torch::equal(together[i].state[1], alone[i].state[1]));
+        EXPECT_EQ(counts[i].elements, one.elements);
+        EXPECT_EQ(counts[i].intended, one.intended);
+        EXPECT_EQ(counts[i].lost, one.lost);
+        EXPECT_EQ(counts[i].intended_sq, one.intended_sq);
+        EXPECT_EQ(counts[i].lost_sq, one.lost_sq);
+      }
+    }
+    // The bf16 weights rounded something under nearest (tiny steps), and not the fp32 ones.
+    if (rule == WeightUpdate::kNearest) EXPECT_GT(optim::update_parameter(r, alone[1], rule, 7).lost, 0);
+  }
+  at::set_num_threads(before_threads);
+
+  // A step that fails its check moves no weight, not even the ones listed before it.
+  std::vector<optim::ParamStep> steps(2);
+  for (auto& s : steps) {
+    s.param = torch::randn({10});
+    s.grad = torch::randn({10});
+    s.state = {torch::zeros({10}), torch::zeros({10})};
+  }
+  steps[1].grad = torch::randn({9});
+  const torch::Tensor first = steps[0].param.clone();
+  optim::UpdateRule r;
+  r.kind = OptimizerKind::kAdamW;
+  expect_one_line_error([&] { optim::update_parameters(r, steps, WeightUpdate::kNearest, 0); },
+                        "the gradient must be a floating-point tensor of the parameter's shape");
+  EXPECT_TRUE(torch::equal(steps[0].param, first));
+}
+
 TEST_F(RoundedOptimizersTest, TheCoresRootIsCorrectlyRounded) {
   // Adagrad's step from sums x, with a gradient of 1, lr 1 and eps 0, writes -1 / sqrt(x + 1).
   // Against the root taken in double and rounded once (correct for a float), over 2^16 sums: the

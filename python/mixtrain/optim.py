@@ -133,7 +133,8 @@ class _RoundedOptimizer(torch.optim.Optimizer):
         indices = self._param_indices()  # once a step, not once a parameter
         for group in self.param_groups:
             kind = self._kind_of(group)
-            hyper = _hyper(group)
+            # The group's parameters in one native call: one pass over them all.
+            params, grads, states, steps, fresh_flags, comps, streams, where = [], [], [], [], [], [], [], []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -151,12 +152,22 @@ class _RoundedOptimizer(torch.optim.Optimizer):
                     if comp is None:
                         comp = state["kahan_comp"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 index = indices[id(p)]
-                counts = _native.update_parameter(kind, p, p.grad, tensors, hyper, step, fresh,
-                                                  self.weight_update, comp, self.seed,
-                                                  (step * _STREAM_PRIME + index) & _U64)
+                params.append(p)
+                grads.append(p.grad)
+                states.append(tensors)
+                steps.append(step)
+                fresh_flags.append(fresh)
+                comps.append(comp)
+                streams.append((step * _STREAM_PRIME + index) & _U64)
+                where.append(index)
+            if not params:
+                continue
+            counts = _native.update_parameters(kind, params, grads, states, _hyper(group), steps, fresh_flags,
+                                               self.weight_update, comps, self.seed, streams)
+            for index, c in zip(where, counts):
                 lost = self._lost.setdefault(index, [0, 0])
-                lost[0] += counts["intended"]
-                lost[1] += counts["lost"]
+                lost[0] += c["intended"]
+                lost[1] += c["lost"]
         return loss
 
 

@@ -168,8 +168,12 @@ Tensor RoundedSteps::rounded_step(to::Optimizer& self, const to::Optimizer::Loss
   torch::NoGradGuard no_grad;
   ++steps_;
   size_t index = 0;
+  const amp::WeightUpdate how = rounding_.weight_update();
   for (auto& group : self.param_groups()) {
     const UpdateRule rule = rule_of(group.options());
+    // The group's parameters in one pass (update_parameters: one parallel region for all).
+    std::vector<ParamStep> steps;
+    std::vector<size_t> indices;
     for (const Tensor& p : group.params()) {
       const size_t i = index++;
       if (lost_.size() <= i) lost_.resize(i + 1);
@@ -178,14 +182,16 @@ Tensor RoundedSteps::rounded_step(to::Optimizer& self, const to::Optimizer::Loss
       s.param = p;
       s.grad = p.grad();
       prepare_state(self, rule, p, s);
-      const amp::WeightUpdate how = rounding_.weight_update();
       if (how == amp::WeightUpdate::kKahan && p.scalar_type() == torch::kBFloat16) {
         Tensor& comp = compensation_[p.unsafeGetTensorImpl()];
         s.compensation = ready(comp, p);
       }
       s.stream = amp::stochastic_stream(steps_, i);
-      lost_[i] += update_parameter(rule, s, how, rounding_.seed());
+      steps.push_back(std::move(s));
+      indices.push_back(i);
     }
+    const std::vector<amp::LostUpdates> counts = update_parameters(rule, steps, how, rounding_.seed());
+    for (size_t k = 0; k < counts.size(); ++k) lost_[indices[k]] += counts[k];
   }
   return loss;
 }

@@ -242,72 +242,91 @@ detail::Operand operand(const Tensor& t, int64_t first) {
   return {static_cast<char*>(t.data_ptr()) + first * t.element_size(), t.scalar_type() == torch::kBFloat16};
 }
 
-/// The fused Adam pass. An fp32 weight is written in place, the elements split evenly
-/// between the threads; a bf16 weight in spans of amp::kUpdateChunk, spans in parallel, each
-/// computed into fp32 scratch and rounded by round_update_span there (its counts, bit for bit).
-amp::LostUpdates fused_adam(const UpdateRule& r, const ParamStep& s, amp::WeightUpdate rule, uint64_t seed,
-                            const Tensor& param, const Tensor& grad, const std::vector<Tensor>& state,
-                            const Tensor& comp) {
-  const detail::AdamScalars scalars = detail::adam_scalars(r, s.step);
-  const int64_t n = param.numel();
-  constexpr int64_t kSpan = amp::kUpdateChunk;
-  const bool rounds = param.scalar_type() == torch::kBFloat16;
-  const bool bf16_comp = comp.defined() && comp.scalar_type() == torch::kBFloat16;
-  if (!rounds) {
-    // An fp32 weight rounds by no rule and counts nothing: the threads split the elements
-    // evenly (spans split 16/15 between two threads cost 5% there). The scalar tail at each
-    // split gives the vector lanes' bits (tested), so the split does not change them.
-    at::parallel_for(0, n, kSpan, [&](int64_t lo, int64_t hi) {
-      detail::adam_span(scalars, hi - lo, operand(param, lo), operand(grad, lo), operand(state[0], lo),
-                        operand(state[1], lo), r.amsgrad ? operand(state[2], lo) : detail::Operand{}, nullptr, nullptr);
-    });
-    amp::LostUpdates none;
-    none.elements = n;
-    return none;
+/// A parameter the fused Adam pass takes (detached), with its step's scalars.
+struct FusedParam {
+  const ParamStep* step;
+  Tensor param, grad, comp;
+  std::vector<Tensor> state;
+  detail::AdamScalars scalars;
+};
+
+/// One piece of the fused pass: elements [lo, lo + len) of one parameter. A bf16 weight's
+/// pieces are amp::kUpdateChunk spans (round_update_span counts span by span); an fp32
+/// weight's are smaller, so that the threads' shares differ by a few microseconds.
+struct FusedPiece {
+  size_t param;
+  int64_t lo, len;
+};
+constexpr int64_t kFp32Piece = amp::kUpdateChunk / 4;
+
+/// An fp32 weight is written in place; a bf16 weight's span is computed into fp32 scratch
+/// and rounded by round_update_span there (its counts, bit for bit), then stored.
+amp::LostUpdates fused_piece(const UpdateRule& r, const FusedParam& f, int64_t lo, int64_t len, amp::WeightUpdate rule,
+                             uint64_t seed, std::vector<float>& scratch) {
+  const detail::Operand p = operand(f.param, lo);
+  const detail::Operand max_sq = r.amsgrad ? operand(f.state[2], lo) : detail::Operand{};
+  if (f.param.scalar_type() != torch::kBFloat16) {
+    detail::adam_span(f.scalars, len, p, operand(f.grad, lo), operand(f.state[0], lo), operand(f.state[1], lo), max_sq,
+                      nullptr, nullptr);
+    return {};
   }
-  std::vector<amp::LostUpdates> parts(static_cast<size_t>((n + kSpan - 1) / kSpan));
-  at::parallel_for(0, static_cast<int64_t>(parts.size()), 1, [&](int64_t j0, int64_t j1) {
-    // Kept per thread: a fresh 384 KiB block per call would be mapped and faulted in each time.
-    thread_local std::vector<float> scratch;
-    if (scratch.size() < static_cast<size_t>(3 * kSpan)) scratch.resize(static_cast<size_t>(3 * kSpan));
-    for (int64_t j = j0; j < j1; ++j) {
-      const int64_t lo = j * kSpan, len = std::min(kSpan, n - lo);
-      const detail::Operand p = operand(param, lo);
-      const detail::Operand max_sq = r.amsgrad ? operand(state[2], lo) : detail::Operand{};
-      float* fresh = scratch.data();
-      float* old = fresh + kSpan;
-      float* c = nullptr;
-      if (comp.defined()) {
-        c = bf16_comp ? old + kSpan : static_cast<float*>(operand(comp, lo).data);
-        if (bf16_comp) detail::load_bf16(operand(comp, lo).data, c, len);
-      }
-      detail::adam_span(scalars, len, p, operand(grad, lo), operand(state[0], lo), operand(state[1], lo), max_sq, fresh,
-                        old);
-      parts[static_cast<size_t>(j)] =
-          amp::round_update_span(fresh, old, c, len, static_cast<uint64_t>(lo), rule, seed, s.stream);
-      detail::store_bf16(fresh, p.data, len);
-      if (bf16_comp) detail::store_bf16(c, operand(comp, lo).data, len);
-    }
-  });
-  amp::LostUpdates total;
-  for (const auto& part : parts) total += part;
-  return total;
+  constexpr int64_t kSpan = amp::kUpdateChunk;
+  if (scratch.size() < static_cast<size_t>(3 * kSpan)) scratch.resize(static_cast<size_t>(3 * kSpan));
+  const bool bf16_comp = f.comp.defined() && f.comp.scalar_type() == torch::kBFloat16;
+  float* fresh = scratch.data();
+  float* old = fresh + kSpan;
+  float* c = nullptr;
+  if (f.comp.defined()) {
+    c = bf16_comp ? old + kSpan : static_cast<float*>(operand(f.comp, lo).data);
+    if (bf16_comp) detail::load_bf16(operand(f.comp, lo).data, c, len);
+  }
+  detail::adam_span(f.scalars, len, p, operand(f.grad, lo), operand(f.state[0], lo), operand(f.state[1], lo), max_sq,
+                    fresh, old);
+  const amp::LostUpdates counts =
+      amp::round_update_span(fresh, old, c, len, static_cast<uint64_t>(lo), rule, seed, f.step->stream);
+  detail::store_bf16(fresh, p.data, len);
+  if (bf16_comp) detail::store_bf16(c, operand(f.comp, lo).data, len);
+  return counts;
 }
 
-} // namespace
+/// The fused Adam pass over every parameter at once: one parallel region for the step, its
+/// pieces shared between the threads (a region per tensor costs about 20 us each to start
+/// and join, and leaves a thread idle at each tensor's end). Each piece writes only its
+/// own elements and counts; a parameter's counts are summed in its pieces' order, so the
+/// numbers and counts depend neither on the thread count nor on the other parameters.
+std::vector<amp::LostUpdates> fused_adam(const UpdateRule& r, const std::vector<FusedParam>& params,
+                                         amp::WeightUpdate rule, uint64_t seed) {
+  std::vector<FusedPiece> pieces;
+  std::vector<size_t> first_piece(params.size() + 1);
+  for (size_t i = 0; i < params.size(); ++i) {
+    first_piece[i] = pieces.size();
+    const int64_t n = params[i].param.numel();
+    const int64_t size = params[i].param.scalar_type() == torch::kBFloat16 ? amp::kUpdateChunk : kFp32Piece;
+    for (int64_t lo = 0; lo < n; lo += size) pieces.push_back({i, lo, std::min(size, n - lo)});
+  }
+  first_piece[params.size()] = pieces.size();
+  std::vector<amp::LostUpdates> counts(pieces.size());
+  at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t j0, int64_t j1) {
+    // Kept per thread: a fresh 384 KiB block per call would be mapped and faulted in each time.
+    thread_local std::vector<float> scratch;
+    for (int64_t j = j0; j < j1; ++j) {
+      const FusedPiece& piece = pieces[static_cast<size_t>(j)];
+      counts[static_cast<size_t>(j)] = fused_piece(r, params[piece.param], piece.lo, piece.len, rule, seed, scratch);
+    }
+  });
+  std::vector<amp::LostUpdates> out(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t j = first_piece[i]; j < first_piece[i + 1]; ++j) out[i] += counts[j];
+    if (params[i].param.scalar_type() != torch::kBFloat16) out[i].elements = params[i].param.numel();  // nothing rounded
+  }
+  return out;
+}
 
-amp::LostUpdates update_parameter(const UpdateRule& rule, ParamStep& s, amp::WeightUpdate weight_update, uint64_t seed) {
-  check(rule, s, weight_update);
-  torch::NoGradGuard no_grad;
-  // Detached: the parts below are views and copies with no autograd history, on any thread.
-  const Tensor param = s.param.detach(), grad = s.grad.detach();
-  std::vector<Tensor> state;
-  for (const Tensor& t : s.state) state.push_back(t.detach());
-  const bool kahan = s.param.scalar_type() == torch::kBFloat16 && weight_update == amp::WeightUpdate::kKahan;
-  const Tensor comp = kahan ? s.compensation.detach() : Tensor();
-
-  if (takes_fused_adam(rule, param, grad, state, comp)) return fused_adam(rule, s, weight_update, seed, param, grad, state, comp);
-
+/// update_parameter past its check, for a parameter the fused pass does not take.
+amp::LostUpdates step_by_ops(const UpdateRule& rule, ParamStep& s, amp::WeightUpdate weight_update, uint64_t seed,
+                             const Tensor& param, const Tensor& grad, std::vector<Tensor> state,
+                             const Tensor& comp) {
+  const bool kahan = comp.defined();
   bool all_fp32 = is_fp32(param) && is_fp32(grad);
   for (const Tensor& t : state) all_fp32 = all_fp32 && is_fp32(t);
   if (all_fp32) {
@@ -354,6 +373,42 @@ amp::LostUpdates update_parameter(const UpdateRule& rule, ParamStep& s, amp::Wei
   amp::LostUpdates total;
   for (const auto& p : parts) total += p;
   return total;
+}
+
+} // namespace
+
+std::vector<amp::LostUpdates> update_parameters(const UpdateRule& rule, std::vector<ParamStep>& steps,
+                                                amp::WeightUpdate weight_update, uint64_t seed) {
+  for (const ParamStep& s : steps) check(rule, s, weight_update);  // all, before any weight moves
+  torch::NoGradGuard no_grad;
+  std::vector<amp::LostUpdates> out(steps.size());
+  std::vector<FusedParam> fused;
+  std::vector<size_t> fused_index;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ParamStep& s = steps[i];
+    // Detached: the parts below are views and copies with no autograd history, on any thread.
+    const Tensor param = s.param.detach(), grad = s.grad.detach();
+    std::vector<Tensor> state;
+    for (const Tensor& t : s.state) state.push_back(t.detach());
+    const bool kahan = s.param.scalar_type() == torch::kBFloat16 && weight_update == amp::WeightUpdate::kKahan;
+    const Tensor comp = kahan ? s.compensation.detach() : Tensor();
+    if (takes_fused_adam(rule, param, grad, state, comp)) {
+      fused.push_back({&s, param, grad, comp, std::move(state), detail::adam_scalars(rule, s.step)});
+      fused_index.push_back(i);
+    } else {
+      out[i] = step_by_ops(rule, s, weight_update, seed, param, grad, std::move(state), comp);
+    }
+  }
+  if (!fused.empty()) {
+    const std::vector<amp::LostUpdates> counts = fused_adam(rule, fused, weight_update, seed);
+    for (size_t k = 0; k < fused.size(); ++k) out[fused_index[k]] = counts[k];
+  }
+  return out;
+}
+
+amp::LostUpdates update_parameter(const UpdateRule& rule, ParamStep& s, amp::WeightUpdate weight_update, uint64_t seed) {
+  std::vector<ParamStep> one{s};
+  return update_parameters(rule, one, weight_update, seed)[0];
 }
 
 } // namespace mixtrain::optim

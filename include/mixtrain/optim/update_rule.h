@@ -91,4 +91,11 @@ struct ParamStep {
 /// keep, a missing Kahan compensation, or an fp16 weight with another rule.
 amp::LostUpdates update_parameter(const UpdateRule& rule, ParamStep& s, amp::WeightUpdate weight_update, uint64_t seed);
 
+/// update_parameter on each of `steps` (distinct parameters), as one pass: Adam and AdamW
+/// on contiguous CPU fp32/bf16 tensors share one parallel region for them all, which is
+/// what a step of many tensors spends least on. Each parameter's numbers and counts are
+/// bitwise update_parameter's on it alone. Every step is checked before any weight moves.
+std::vector<amp::LostUpdates> update_parameters(const UpdateRule& rule, std::vector<ParamStep>& steps,
+                                                amp::WeightUpdate weight_update, uint64_t seed);
+
 } // namespace mixtrain::optim
