@@ -10,7 +10,9 @@ one run, interleaved rounds, medians compared:
 Each on 1 thread and on all the machine's threads (on a busy 2-core box 2 threads can be
 slower than 1: compare within a thread count).
 
-    PYTHONPATH=build/python .venv/bin/python bench/optimizer_pass.py [N] [ROUNDS]
+    PYTHONPATH=build/python .venv/bin/python bench/optimizer_pass.py [N] [ROUNDS] [TENSORS]
+
+TENSORS (10 by default): how many equal tensors hold the N parameters (a model's layers).
 """
 import statistics
 import sys
@@ -23,8 +25,9 @@ from mixtrain import optim
 
 n = int(float(sys.argv[1])) if len(sys.argv) > 1 else 10_000_000
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-# Ten tensors, as a model's layers are (one multi-tensor call in foreach/fused).
-shapes = [n // 10] * 10
+# Ten tensors by default, as a model's layers are (one multi-tensor call in foreach/fused).
+tensors = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+shapes = [n // tensors] * tensors
 
 
 def make(dtype, factory):
@@ -58,7 +61,7 @@ cases = {
 }
 
 all_threads = torch.get_num_threads()
-print("optimizer pass, AdamW, %d parameters in 10 tensors, %d rounds, torch %s" % (n, rounds, torch.__version__))
+print("optimizer pass, AdamW, %d parameters in %d tensors, %d rounds, torch %s" % (n, tensors, rounds, torch.__version__))
 for threads in sorted({1, all_threads}):
     torch.set_num_threads(threads)
     for storage, made in cases.items():
