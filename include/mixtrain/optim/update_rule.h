@@ -29,7 +29,8 @@
 ///     temporaries are a few chunks, not a copy of the model.
 ///
 /// The C++ optimizers (optim/optimizers.h) and Python's mixtrain.optim both step through
-/// here.
+/// here, a param group at a time (update_parameters): the fused pass then shares one
+/// parallel region between all the group's parameters instead of starting one a tensor.
 ///
 /// Example (one parameter, AdamW, bf16 storage):
 ///   mixtrain::optim::UpdateRule rule;
