@@ -6,6 +6,7 @@
 
 #include "mixtrain/util/atomic_file.h"
 #include "mixtrain/util/host_read.h"
+#include "mixtrain/util/malloc_settings.h"
 #include "mixtrain/util/option_error.h"
 #include "mixtrain/util/phrase.h"
 #include "mixtrain/util/svg_plot.h"

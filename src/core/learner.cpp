@@ -2,6 +2,7 @@
 
 #include "mixtrain/callbacks/progress.h"
 #include "mixtrain/util/host_read.h"
+#include "mixtrain/util/malloc_settings.h"
 #include "mixtrain/models/failure_site.h"
 #include "mixtrain/models/norm_layer.h"
 #include "mixtrain/core/precision_callback.h"
@@ -59,6 +60,7 @@ Learner::Learner(Model model, data::DataLoaders dls, LossFn loss_fn, LearnerOpti
   TORCH_CHECK(model_.ptr(), "Learner needs a model");
   TORCH_CHECK(loss_fn_, "Learner needs a loss function");
   TORCH_CHECK(options_.opt_func(), "Learner needs an optimizer factory (opt_func)");
+  settle_malloc_for_training();  // each step's activations from the heap, not mapped afresh
   model_.module().to(options_.device());
   groups_ = make_groups();
   recorder_ = std::make_shared<Recorder>(options_.metrics());
