@@ -371,28 +371,6 @@ py::dict counts_dict(const mixtrain::amp::LostUpdates& lost) {
   return out;
 }
 
-py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::Tensor grad,
-                          std::vector<torch::Tensor> state, const py::dict& hyper, int64_t step, bool fresh_momentum,
-                          const std::string& weight_update, std::optional<torch::Tensor> compensation, uint64_t seed,
-                          uint64_t stream) {
-  const mixtrain::optim::UpdateRule r = rule_of_group(kind, hyper);
-  const mixtrain::amp::WeightUpdate rule = weight_update_named(weight_update);
-  mixtrain::optim::ParamStep s;
-  s.param = std::move(param);
-  s.grad = std::move(grad);
-  s.state = std::move(state);
-  if (compensation) s.compensation = *compensation;
-  s.step = step;
-  s.fresh_momentum = fresh_momentum;
-  s.stream = stream;
-  mixtrain::amp::LostUpdates lost;
-  {
-    py::gil_scoped_release no_gil;
-    lost = mixtrain::optim::update_parameter(r, s, rule, seed);
-  }
-  return counts_dict(lost);
-}
-
 /// A param group's step in one call (optim::update_parameters: one pass over them all).
 /// The lists are parallel, one entry per parameter; returns one counts dict each.
 py::list update_parameters(const std::string& kind, const std::vector<torch::Tensor>& params,
@@ -424,6 +402,16 @@ py::list update_parameters(const std::string& kind, const std::vector<torch::Ten
   py::list out;
   for (const auto& l : lost) out.append(counts_dict(l));
   return out;
+}
+
+/// One parameter's step: update_parameters on a group of one (the watch's arms step so).
+py::dict update_parameter(const std::string& kind, torch::Tensor param, torch::Tensor grad,
+                          std::vector<torch::Tensor> state, const py::dict& hyper, int64_t step, bool fresh_momentum,
+                          const std::string& weight_update, std::optional<torch::Tensor> compensation, uint64_t seed,
+                          uint64_t stream) {
+  return update_parameters(kind, {std::move(param)}, {std::move(grad)}, {std::move(state)}, hyper, {step},
+                           {fresh_momentum}, weight_update, {std::move(compensation)}, seed, {stream})[0]
+      .cast<py::dict>();
 }
 
 } // namespace

@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
