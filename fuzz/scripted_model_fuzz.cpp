@@ -35,6 +35,10 @@ Records records_of(const std::string& bytes) {
   caffe2::serialize::PyTorchStreamReader reader(&in);
   Records out;
   for (const auto& name : reader.getAllRecords()) {
+    // The harness's own read, unbounded unlike parse_script's (BoundedReader): a size field
+    // edited to gigabytes would make it allocate them. Seeds' records are stored, never
+    // larger than the file.
+    TORCH_CHECK(reader.getRecordSize(name) <= bytes.size(), "record ", name, " claims more bytes than the file");
     at::DataPtr data;
     size_t n = 0;
     std::tie(data, n) = reader.getRecord(name);
