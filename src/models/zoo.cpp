@@ -3,11 +3,45 @@
 #include "mixtrain/models/module_scope.h"
 #include "mixtrain/models/scripted_model.h"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn.h>
 
 namespace mixtrain::models {
 
 namespace nn = torch::nn;
+
+namespace {
+
+/// `m`'s forward as Python's nn.Linear computes it: ATen's linear, which runs a contiguous
+/// [B, T, C] input as one addmm with the bias in the product (and under autocast casts the
+/// bias with the weight). libtorch's nn::Linear decomposes anything but a 2-D input into
+/// matmul and an in-place `+= bias`: under CPU bf16 autocast that adds an fp32 bias into
+/// a bf16 result through fp32, and the transformer's forward took 1.19x Python's
+/// (bench/step_ops.cpp, BENCHMARKS.md "Where a step goes").
+torch::Tensor linear(const nn::Linear& m, const torch::Tensor& x) { return at::linear(x, m->weight, m->bias); }
+
+/// Sequences up to this long: torch 2.13's CPU flash attention is faster in fp32 than in bf16.
+constexpr int64_t kCpuBf16AttentionFp32UpTo = 128;
+
+/// Causal attention over [B, H, T, D] heads. On the CPU, torch 2.13's bf16 flash-attention
+/// kernels cost a fixed amount per batch and head that its fp32 ones do not (a few
+/// allocations each, thousands a step): forward and backward over 64 tokens in bf16 took
+/// 4.3x the fp32 time, over 128 tokens 1.3-2.5x; from 256 tokens with 64-dim heads bf16
+/// wins (BENCHMARKS.md "Attention on the CPU"). So short sequences' bf16 heads are
+/// computed in fp32, outside autocast, and the result is rounded back to bf16: the
+/// reduced-precision emulation's own model of attention (bf16 in, bf16 out), and more
+/// accurate than the bf16 kernel, which also rounds its softmax to bf16.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  if (q.is_cpu() && q.scalar_type() == torch::kBFloat16 && q.size(2) <= kCpuBf16AttentionFp32UpTo) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    return at::scaled_dot_product_attention(q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat), /*attn_mask=*/{},
+                                            /*dropout_p=*/0.0, /*is_causal=*/true)
+        .to(torch::kBFloat16);
+  }
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+}
+
+} // namespace
 
 torch::nn::Sequential simple_cnn() {
   return nn::Sequential(
@@ -54,10 +88,9 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t d_model, int64_t heads)
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
   // [B, T, 3C] -> three [B, H, T, C/H]
-  const auto parts = qkv(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
-  const torch::Tensor y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                            /*is_causal=*/true);
-  return proj(y.transpose(1, 2).reshape({b, t, c}));
+  const auto parts = linear(qkv, x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+  const torch::Tensor y = causal_attention(parts[0], parts[1], parts[2]);
+  return linear(proj, y.transpose(1, 2).reshape({b, t, c}));
 }
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t heads) {
@@ -76,7 +109,7 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
     a = attn(ln1(x));
   }
   const torch::Tensor h = x + a;
-  return h + fc2(torch::gelu(fc1(ln2(h))));
+  return h + linear(fc2, torch::gelu(linear(fc1, ln2(h))));
 }
 
 TransformerLMImpl::TransformerLMImpl(TransformerOptions o) : options_(o) {
@@ -105,7 +138,7 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
     const ModuleScope scope("blocks." + std::to_string(i));
     x = blocks[i]->as<TransformerBlock>()->forward(x);
   }
-  return head(ln_f(x));
+  return linear(head, ln_f(x));
 }
 
 } // namespace mixtrain::models
