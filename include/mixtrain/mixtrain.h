@@ -75,6 +75,7 @@
 #include "mixtrain/diagnose/overflow_trace.h"
 #include "mixtrain/diagnose/plots.h"
 #include "mixtrain/diagnose/scale_analysis.h"
+#include "mixtrain/diagnose/step_ops.h"
 #include "mixtrain/diagnose/trial_stop.h"
 #include "mixtrain/diagnose/watch.h"
 

@@ -387,11 +387,14 @@ std::vector<amp::LostUpdates> update_parameters(const UpdateRule& rule, std::vec
   for (size_t i = 0; i < steps.size(); ++i) {
     ParamStep& s = steps[i];
     // Detached: the parts below are views and copies with no autograd history, on any thread.
-    const Tensor param = s.param.detach(), grad = s.grad.detach();
+    // A tensor that takes no gradient (the grad, the state, as a rule) has none to cut: the
+    // detach would be one more op dispatched and one more TensorImpl a tensor, each step.
+    const auto unlinked = [](const Tensor& t) { return t.defined() && t.requires_grad() ? t.detach() : t; };
+    const Tensor param = s.param.detach(), grad = unlinked(s.grad);
     std::vector<Tensor> state;
-    for (const Tensor& t : s.state) state.push_back(t.detach());
+    for (const Tensor& t : s.state) state.push_back(unlinked(t));
     const bool kahan = s.param.scalar_type() == torch::kBFloat16 && weight_update == amp::WeightUpdate::kKahan;
-    const Tensor comp = kahan ? s.compensation.detach() : Tensor();
+    const Tensor comp = kahan ? unlinked(s.compensation) : Tensor();
     if (takes_fused_adam(rule, param, grad, state, comp)) {
       fused.push_back({&s, param, grad, comp, std::move(state), detail::adam_scalars(rule, s.step)});
       fused_index.push_back(i);

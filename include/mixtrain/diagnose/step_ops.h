@@ -1,0 +1,41 @@
+#pragma once
+/// What one training step dispatches: the top-level ATen ops and the CPU allocations of
+/// a Learner's step, whole (forward, loss, backward, the scaler, the optimizer and every
+/// callback). On a GPU each op is a launch at least, so the count is the step's overhead
+/// in a number that does not depend on the machine's noise. bench/step_ops.cpp sets it
+/// beside a Python loop's (bench/python_step_ops.py), and a test holds the CNN's to its
+/// recorded figure.
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace mixtrain {
+class Learner;
+}
+
+namespace mixtrain::diagnose {
+
+/// One training step's dispatches.
+struct StepOps {
+  /// Top-level ops, counted at the dispatcher below autograd (as Python's
+  /// TorchDispatchMode counts them): an op's own inner calls are not counted again, and
+  /// autocast's casts are ops of their own.
+  int64_t ops = 0;
+  /// Each op's count, by name ("aten::addmm").
+  std::map<std::string, int64_t> by_op;
+  /// Allocations from c10's CPU allocator, and their bytes (the hook torch's profiler
+  /// reads with profile_memory=True). CUDA allocations are not counted.
+  int64_t allocations = 0;
+  int64_t allocated_bytes = 0;
+  /// "aten::add_ 18, aten::mm 2, ...": the counts, largest first, for a message.
+  std::string str() const;
+};
+
+/// Fits `learn` for one epoch at `lr` and counts its training step `step` (0-based;
+/// counting a step after the first leaves out the optimizer's first allocation of its
+/// state), then stops the fit after that step. The loader must have more than `step`
+/// training batches. Throws std::invalid_argument if it has not.
+StepOps count_step_ops(Learner& learn, int64_t step, double lr = 1e-3);
+
+} // namespace mixtrain::diagnose
