@@ -26,11 +26,11 @@ constexpr int64_t kCpuBf16AttentionFp32UpTo = 128;
 /// Causal attention over [B, H, T, D] heads. On the CPU, torch 2.13's bf16 flash-attention
 /// kernels cost a fixed amount per batch and head that its fp32 ones do not (a few
 /// allocations each, thousands a step): forward and backward over 64 tokens in bf16 took
-/// 4.3x the fp32 time, over 128 tokens 1.3-2.5x; from 256 tokens with 64-dim heads bf16
-/// wins (BENCHMARKS.md "Attention on the CPU"). So short sequences' bf16 heads are
-/// computed in fp32, outside autocast, and the result is rounded back to bf16: the
-/// reduced-precision emulation's own model of attention (bf16 in, bf16 out), and more
-/// accurate than the bf16 kernel, which also rounds its softmax to bf16.
+/// 4.1x the fp32 time, over 128 tokens 1.3-2.8x; from 256 tokens with 64-dim heads bf16
+/// wins (bench/cpu_attention.py, BENCHMARKS.md "Where a step goes"). So short sequences'
+/// bf16 heads are computed in fp32, outside autocast, and the result is rounded back to
+/// bf16: the reduced-precision emulation's own model of attention (bf16 in, bf16 out), and
+/// more accurate than the bf16 kernel, which also rounds its softmax to bf16.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
   if (q.is_cpu() && q.scalar_type() == torch::kBFloat16 && q.size(2) <= kCpuBf16AttentionFp32UpTo) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
