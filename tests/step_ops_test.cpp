@@ -63,4 +63,23 @@ TEST_F(StepOpsTest, AStepThatIsNotInTheEpochIsOneLine) {
   EXPECT_THROW(diagnose::count_step_ops(learn, -1), std::invalid_argument);
 }
 
+/// Stops the fit at the end of its first batch, as an early stop would.
+class StopAfterFirstBatch : public Callback {
+ public:
+  void after_batch(Learner&) override { throw CancelFitException(); }
+};
+
+TEST_F(StepOpsTest, AFitStoppedBeforeTheStepIsAnErrorNotZeroOps) {
+  const data::Dataset train{torch::randn({64, 1, 28, 28}), torch::randint(0, 10, {64})};
+  Learner learn(models::simple_cnn(), data::DataLoaders::from_split({train, train}, 16, 0), cross_entropy(),
+                LearnerOptions().progress(false));
+  learn.add_cb(std::make_shared<StopAfterFirstBatch>());
+  try {
+    diagnose::count_step_ops(learn, 2);
+    FAIL() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "count_step_ops: the fit stopped before training step 2 ended, so it was not counted");
+  }
+}
+
 } // namespace

@@ -84,6 +84,10 @@ StepOps count_step_ops(Learner& learn, int64_t step, double lr) {
     learn.fit(1, lr, {std::make_shared<CountStep>(counter.get(), step, true),
                       std::make_shared<CountStep>(counter.get(), step, false)});
   }
+  // Another callback may stop the fit first (an early stop, a NaN): no count is not zero ops.
+  if (!counter->counted)
+    throw std::runtime_error("count_step_ops: the fit stopped before training step " + std::to_string(step) +
+                             " ended, so it was not counted");
   StepOps out = std::move(counter->counts);
   for (const auto& [name, n] : out.by_op) out.ops += n;
   return out;

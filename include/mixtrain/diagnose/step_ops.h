@@ -18,9 +18,10 @@ namespace mixtrain::diagnose {
 
 /// One training step's dispatches.
 struct StepOps {
-  /// Top-level ops, counted at the dispatcher below autograd (as Python's
-  /// TorchDispatchMode counts them): an op's own inner calls are not counted again, and
-  /// autocast's casts are ops of their own.
+  /// Top-level ops, counted at the dispatcher by the op tracer's mode (amp/op_trace.h):
+  /// an op's own inner calls are not counted again, and autocast's casts are ops of their
+  /// own. Python's TorchDispatchMode counts the same step a little differently: it sees
+  /// a composite op (aten::conv2d) as what it decomposes into (aten::convolution).
   int64_t ops = 0;
   /// Each op's count, by name ("aten::addmm").
   std::map<std::string, int64_t> by_op;
@@ -35,7 +36,8 @@ struct StepOps {
 /// Fits `learn` for one epoch at `lr` and counts its training step `step` (0-based;
 /// counting a step after the first leaves out the optimizer's first allocation of its
 /// state), then stops the fit after that step. The loader must have more than `step`
-/// training batches. Throws std::invalid_argument if it has not.
+/// training batches: std::invalid_argument if it has not, and std::runtime_error if the
+/// fit stops before the step ends (another callback stopped it).
 StepOps count_step_ops(Learner& learn, int64_t step, double lr = 1e-3);
 
 } // namespace mixtrain::diagnose
