@@ -7,6 +7,8 @@
 // PRECISION: any mode's name (fp32 by default). The optimizer: libtorch's AdamW (torch, the
 // default), or mixtrain::optim's (core), which `mixtrain train` runs in every mode and which
 // gives bf16-pure its bf16 tensors on a real bf16 forward.
+#include "bench_learner.h"
+
 #include <mixtrain/mixtrain.h>
 
 #include <torch/torch.h>
@@ -43,34 +45,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s MODEL STEPS BATCH [PRECISION] [torch|core]\n", argv[0]);
     return 2;
   }
-  const std::string name = argv[1];
-  const int64_t steps = std::atoll(argv[2]), bs = std::atoll(argv[3]);
-  const std::string precision = argc > 4 ? argv[4] : "fp32";
-  const bool core = argc > 5 && std::string(argv[5]) == "core";
-  const mixtrain::run::BuiltinModel* builtin = mixtrain::run::find_builtin_model(name);
-  const bool lm = builtin && builtin->data == mixtrain::run::DataKind::kText;
-  // As `mixtrain train` does: the registry says where the threads go.
-  const char* policy = std::getenv("MIXTRAIN_BENCH_THREADS");  // "intra-op" or "blas" overrides
-  const bool blas = policy ? std::string(policy) == "blas" : builtin && builtin->threads == mixtrain::ThreadPolicy::kBlas;
-  mixtrain::configure_threads(0, blas ? mixtrain::ThreadPolicy::kBlas : mixtrain::ThreadPolicy::kIntraOp);
-  torch::manual_seed(0);
-  mixtrain::Model model = builtin ? builtin->build() : mixtrain::load_scripted_model(name);
-  const int64_t n = (steps + 3) * bs;  // 3 warm-up steps, not timed (as bench/python_transformer.py)
-  mixtrain::data::Dataset train, valid;
-  if (lm) {
-    train = {torch::randint(0, 256, {n, 64}), torch::randint(0, 256, {n, 64})};
-    valid = {torch::randint(0, 256, {bs, 64}), torch::randint(0, 256, {bs, 64})};
-  } else {
-    train = {torch::randn({n, 1, 28, 28}), torch::randint(0, 10, {n})};
-    valid = {torch::randn({bs, 1, 28, 28}), torch::randint(0, 10, {bs})};
-  }
-  auto options = mixtrain::LearnerOptions().progress(false);
-  if (core) options.opt_func(mixtrain::optim::factory(mixtrain::OptimizerSettings(), mixtrain::optim::Rounding()));
-  mixtrain::Learner learn(model, mixtrain::data::DataLoaders::from_split({train, valid}, bs, 0),
-                          mixtrain::cross_entropy(), options);
-  learn.set_precision(mixtrain::parse_precision(precision));
-  auto timer = std::make_shared<StepTimer>(3);
-  learn.fit(1, 1e-3, {timer});
-  std::printf("%s %s%s step_ms %.2f\n", name.c_str(), precision.c_str(), core ? " core" : "", timer->ms_per_step());
-  return 0;
+  return bench::run_guarded(argv[0], [&] {
+    const std::string name = argv[1];
+    const int64_t steps = std::atoll(argv[2]), bs = std::atoll(argv[3]);
+    const std::string precision = argc > 4 ? argv[4] : "fp32";
+    const bool core = argc > 5 && std::string(argv[5]) == "core";
+    // 3 warm-up steps, not timed (as bench/python_transformer.py).
+    const auto learn = bench::step_bench_learner(name, steps + 3, bs, precision, core, std::getenv("MIXTRAIN_BENCH_THREADS"));
+    auto timer = std::make_shared<StepTimer>(3);
+    learn->fit(1, 1e-3, {timer});
+    std::printf("%s %s%s step_ms %.2f\n", name.c_str(), precision.c_str(), core ? " core" : "", timer->ms_per_step());
+    return 0;
+  });
 }

@@ -9,6 +9,8 @@
 // Prints one JSON line: a step's time split into phases (the mean of STEPS steps after
 // 3 warm-up ones, nothing observing them), then the ops and allocations of one more
 // step (optimizer state exists by then), and with --names each op's count.
+#include "bench_learner.h"
+
 #include <mixtrain/mixtrain.h>
 
 #include <torch/torch.h>
@@ -76,57 +78,40 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s MODEL BATCH [PRECISION] [torch|core] [--steps N] [--names]\n", argv[0]);
     return 2;
   }
-  const std::string name = argv[1];
-  const int64_t bs = std::atoll(argv[2]);
-  const std::string precision = argc > 3 ? argv[3] : "fp32";
-  bool core = false, list_names = false;
-  int64_t timed_steps = 20;
-  for (int i = 4; i < argc; ++i) {
-    const std::string a = argv[i];
-    core = core || a == "core";
-    list_names = list_names || a == "--names";
-    if (a == "--steps" && i + 1 < argc) timed_steps = std::atoll(argv[++i]);
-  }
-  const mixtrain::run::BuiltinModel* builtin = mixtrain::run::find_builtin_model(name);
-  const bool lm = builtin && builtin->data == mixtrain::run::DataKind::kText;
-  // As `mixtrain train` and model_step_bench do: the registry says where the threads go.
-  const bool blas = builtin && builtin->threads == mixtrain::ThreadPolicy::kBlas;
-  mixtrain::configure_threads(0, blas ? mixtrain::ThreadPolicy::kBlas : mixtrain::ThreadPolicy::kIntraOp);
-  torch::manual_seed(0);
-  mixtrain::Model model = builtin ? builtin->build() : mixtrain::load_scripted_model(name);
-  const int64_t warmup = 3, n = (warmup + timed_steps) * bs;
-  mixtrain::data::Dataset train, valid;
-  if (lm) {
-    train = {torch::randint(0, 256, {n, 64}), torch::randint(0, 256, {n, 64})};
-    valid = {torch::randint(0, 256, {bs, 64}), torch::randint(0, 256, {bs, 64})};
-  } else {
-    train = {torch::randn({n, 1, 28, 28}), torch::randint(0, 10, {n})};
-    valid = {torch::randn({bs, 1, 28, 28}), torch::randint(0, 10, {bs})};
-  }
-  auto options = mixtrain::LearnerOptions().progress(false);
-  if (core) options.opt_func(mixtrain::optim::factory(mixtrain::OptimizerSettings(), mixtrain::optim::Rounding()));
-  mixtrain::Learner learn(model, mixtrain::data::DataLoaders::from_split({train, valid}, bs, 0),
-                          mixtrain::cross_entropy(), options);
-  learn.set_precision(mixtrain::parse_precision(precision));
+  return bench::run_guarded(argv[0], [&] {
+    const std::string name = argv[1];
+    const int64_t bs = std::atoll(argv[2]);
+    const std::string precision = argc > 3 ? argv[3] : "fp32";
+    bool core = false, list_names = false;
+    int64_t timed_steps = 20;
+    for (int i = 4; i < argc; ++i) {
+      const std::string a = argv[i];
+      core = core || a == "core";
+      list_names = list_names || a == "--names";
+      if (a == "--steps" && i + 1 < argc) timed_steps = std::atoll(argv[++i]);
+    }
+    const int64_t warmup = 3;
+    const auto learn = bench::step_bench_learner(name, warmup + timed_steps, bs, precision, core);
 
-  // The first fit times the steps after the warm-up ones, with nothing observing them.
-  StepSplit split;
-  learn.fit(1, 1e-3, {std::make_shared<SplitSteps>(&split, warmup, true), std::make_shared<SplitSteps>(&split, warmup, false)});
-  // Then one more step is counted (optimizer state exists by now), and the fit stops after it.
-  const mixtrain::diagnose::StepOps ops = mixtrain::diagnose::count_step_ops(learn, 1);
-  std::string per_op, phases;
-  for (const auto& [op, count] : ops.by_op)
-    if (list_names) per_op += (per_op.empty() ? "" : ", ") + std::string("\"") + op + "\": " + std::to_string(count);
-  double step_ms = 0;
-  for (size_t i = 0; i < split.ms.size(); ++i) {
-    const double ms = split.ms[i] / static_cast<double>(std::max<int64_t>(split.steps, 1));
-    step_ms += ms;
-    phases += (i ? ", " : "") + std::string("\"") + StepSplit::kPhases[i] + "\": " + std::to_string(ms);
-  }
-  std::printf("{\"model\": \"%s\", \"precision\": \"%s\", \"loop\": \"mixtrain\", \"optimizer\": \"%s\", \"ops\": %lld, "
-              "\"allocations\": %lld, \"allocated_mb\": %.1f, \"step_ms\": %.3f, \"phases_ms\": {%s}%s%s%s}\n",
-              name.c_str(), precision.c_str(), core ? "core" : "torch", static_cast<long long>(ops.ops),
-              static_cast<long long>(ops.allocations), ops.allocated_bytes / 1e6, step_ms, phases.c_str(),
-              list_names ? ", \"names\": {" : "", per_op.c_str(), list_names ? "}" : "");
-  return 0;
+    // The first fit times the steps after the warm-up ones, with nothing observing them.
+    StepSplit split;
+    learn->fit(1, 1e-3, {std::make_shared<SplitSteps>(&split, warmup, true), std::make_shared<SplitSteps>(&split, warmup, false)});
+    // Then one more step is counted (optimizer state exists by now), and the fit stops after it.
+    const mixtrain::diagnose::StepOps ops = mixtrain::diagnose::count_step_ops(*learn, 1);
+    std::string per_op, phases;
+    for (const auto& [op, count] : ops.by_op)
+      if (list_names) per_op += (per_op.empty() ? "" : ", ") + std::string("\"") + op + "\": " + std::to_string(count);
+    double step_ms = 0;
+    for (size_t i = 0; i < split.ms.size(); ++i) {
+      const double ms = split.ms[i] / static_cast<double>(std::max<int64_t>(split.steps, 1));
+      step_ms += ms;
+      phases += (i ? ", " : "") + std::string("\"") + StepSplit::kPhases[i] + "\": " + std::to_string(ms);
+    }
+    std::printf("{\"model\": \"%s\", \"precision\": \"%s\", \"loop\": \"mixtrain\", \"optimizer\": \"%s\", \"ops\": %lld, "
+                "\"allocations\": %lld, \"allocated_mb\": %.1f, \"step_ms\": %.3f, \"phases_ms\": {%s}%s%s%s}\n",
+                name.c_str(), precision.c_str(), core ? "core" : "torch", static_cast<long long>(ops.ops),
+                static_cast<long long>(ops.allocations), ops.allocated_bytes / 1e6, step_ms, phases.c_str(),
+                list_names ? ", \"names\": {" : "", per_op.c_str(), list_names ? "}" : "");
+    return 0;
+  });
 }
