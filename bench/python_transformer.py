@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from gpu_python_bench import TransformerLM  # bench/: the same model the GPU check times
 
 
-def built_in_transformer():
-    """mixtrain::models::TransformerLM's defaults and its GPT-2 style initialization."""
-    model = TransformerLM(vocab=256, d=128, layers=2, heads=4, seq=64)
+def built_in_transformer(layers=2, d=128):
+    """mixtrain::models::TransformerLM (its defaults: 2 blocks of width 128, 4 heads) and its
+    GPT-2 style initialization."""
+    model = TransformerLM(vocab=256, d=d, layers=layers, heads=4, seq=64)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "ln" not in name:
