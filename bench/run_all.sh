@@ -25,3 +25,10 @@ echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce sha
 bash bench/distributed_bench.sh "$build" 3
 echo "== front_door_bench: mixtrain.doctor from Python vs mixtrain doctor (CLI), same model and data"
 PYTHONPATH="$build/python" "$py" bench/front_door_bench.py "$build/tools/mixtrain/mixtrain" 3
+echo "== step_table: the Learner's step against a torch loop (CNN, MLP, ResNet-18, the small GPT), 1 round"
+resnet18=""
+if [ -x .venv-cuda/bin/python ]; then  # torchvision imports there, not beside the 2.13 CPU wheel
+  resnet18=$(mktemp -d)/resnet18.pt
+  .venv-cuda/bin/python -c "import sys, torch, torchvision; torch.manual_seed(0); torch.jit.script(torchvision.models.resnet18(num_classes=10)).save(sys.argv[1])" "$resnet18" 2>/dev/null || resnet18=""
+fi
+"$py" bench/step_table.py "$build" 1 $resnet18 2>/dev/null
