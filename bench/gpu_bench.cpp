@@ -230,15 +230,24 @@ nlohmann::json run_one(const BenchArgs& a, const std::string& model_name, const 
   r["skipped_steps"] = learn.recorder().skipped_steps();
   r["peak_memory_bytes"] = nullptr;
 #ifdef MIXTRAIN_BENCH_CUDA
+  // The timed steps' peak, read before the count below runs a step of its own.
+  const int64_t peak_bytes =
+      device.is_cuda()
+          ? c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index()).allocated_bytes[0].peak
+          : 0;
+#endif
+  // The ops one more step dispatches (each a kernel launch or more on a GPU; Python's twin
+  // counts its own the same way), after the timing: counting observes every op.
+  r["ops_per_step"] = mixtrain::diagnose::count_step_ops(learn, 0).ops;
+#ifdef MIXTRAIN_BENCH_CUDA
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    r["peak_memory_bytes"] = stats.allocated_bytes[0].peak;  // index 0: all pools together
+    r["peak_memory_bytes"] = peak_bytes;  // allocated_bytes[0]: all pools together
     // The loader holds every timed step's batch on the device (`steps` copies of one batch),
     // while Python's loop holds one: 1.5 GB of the ResNet-style net's 2.03 GB peak on the
     // H200 was its data. Beyond the data: the peak as Python's loop would have it.
     const int64_t batch_bytes = static_cast<int64_t>(w.x.nbytes() + w.y.nbytes());
     r["data_bytes"] = batch_bytes * a.steps;
-    r["peak_memory_beyond_data_bytes"] = stats.allocated_bytes[0].peak - batch_bytes * (a.steps - 1);
+    r["peak_memory_beyond_data_bytes"] = peak_bytes - batch_bytes * (a.steps - 1);
   }
 #endif
   return r;

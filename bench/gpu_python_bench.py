@@ -7,6 +7,7 @@ per line. Runs on CPU too (--device cpu --tiny) so that CI can test it.
                       [--precisions fp32,tf32,fp16,bf16] [--steps N] [--warmup N] [--tiny] [--json PATH]
 """
 import argparse
+import collections
 import contextlib
 import json
 import sys
@@ -14,6 +15,20 @@ import time
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the ATen ops dispatched below autograd, by name (an op's inner calls are not
+    counted again): what bench/step_ops.cpp and gpu_bench count in C++."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names[func.overloadpacket._qualified_op_name] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def resnet(width):
@@ -138,11 +153,14 @@ def run_one(args, name, precision):
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+    ops = CountOps()  # one more step, counted after the timing (counting observes every op)
+    with ops:
+        step()
     return {"model": name, "precision": precision, "device": args.device, "batch": batch, "steps": args.steps,
             "tiny": args.tiny, "seconds": seconds, "step_ms": 1000 * seconds / args.steps,
             "steps_per_second": args.steps / seconds, "samples_per_second": args.steps * batch / seconds,
-            "final_loss": float(loss),
-            "peak_memory_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
+            "final_loss": loss.item(), "peak_memory_bytes": peak, "ops_per_step": sum(ops.names.values()),
             "torch": torch.__version__}
 
 

@@ -31,25 +31,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch._C._profiler import _EventType
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from gpu_python_bench import CountOps  # noqa: E402
 from python_transformer import built_in_transformer  # noqa: E402
 
 # The ops whose kernels are the matrix products (bench/step_ops.cpp's kMatrixProducts).
 MATRIX_PRODUCTS = {
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution", "aten::convolution_backward",
     "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
-
-
-class CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names[func.overloadpacket._qualified_op_name] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def allocations(nodes):

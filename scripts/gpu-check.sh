@@ -139,6 +139,9 @@ for m in ("cnn", "resnet", "transformer"):
             # the peaks with one batch each.
             if a.get("peak_memory_beyond_data_bytes") and b.get("peak_memory_bytes"):
                 summary[f"{m}_{p}_cpp_over_python_peak_memory"] = a["peak_memory_beyond_data_bytes"] / b["peak_memory_bytes"]
+            # Ops a step: each is a kernel launch or more on a GPU ([Speed]: no more than Python's).
+            if a.get("ops_per_step") and b.get("ops_per_step"):
+                summary[f"{m}_{p}_cpp_over_python_ops_per_step"] = a["ops_per_step"] / b["ops_per_step"]
         if a:
             summary[f"{m}_{p}_host_scalar_reads_per_step"] = a["host_scalar_reads_per_step"]
 for m, goal in (("resnet", 1.4), ("transformer", 2.0)):
@@ -152,6 +155,9 @@ for m in ("cnn", "resnet", "transformer"):
         if k in summary:
             goals[f"{k} <= 0.9"] = summary[k] <= 0.9
         k = f"{m}_{p}_host_scalar_reads_per_step"
+        if k in summary:
+            goals[f"{k} <= 1"] = summary[k] <= 1
+        k = f"{m}_{p}_cpp_over_python_ops_per_step"
         if k in summary:
             goals[f"{k} <= 1"] = summary[k] <= 1
 emu = rows("emulation.jsonl") or []

@@ -31,12 +31,17 @@ for r in rows:
     assert "error" not in r, r
     assert r["samples_per_second"] > 0 and r["steps"] == 2 and r["peak_memory_bytes"] is None, r
     assert r["host_scalar_reads_per_step"] >= 0, r
+    assert r["ops_per_step"] > 0, r
 assert "summary" in j and "goals" in j["summary"], j.keys()
 assert all(code == "0" for code in j["steps"].values()), j["steps"]
 if j["python"] is not None:  # PYTHON imports torch: the twin ran too
     assert {(r["model"], r["precision"]) for r in j["python"]} == {(r["model"], r["precision"]) for r in rows}, j["python"]
     assert all("error" not in r for r in j["python"]), j["python"]
     assert "cnn_fp32_cpp_over_python_step_time" in j["summary"]["values"], j["summary"]
+    assert all(r["ops_per_step"] > 0 for r in j["python"]), j["python"]
+    # The Learner's step dispatches fewer ops than the torch loop's on every tiny model.
+    assert all(j["summary"]["goals"][f"{m}_{p}_cpp_over_python_ops_per_step <= 1"]
+               for m in ("cnn", "resnet", "transformer") for p in ("fp32", "bf16")), j["summary"]
 # The emulation comparison and the held-in doctor cases ran (both sides on the CPU here).
 assert len(j["emulation"]) == 1 and "error" not in j["emulation"][0], j["emulation"]
 assert j["emulation"][0]["same_skips"] and j["emulation"][0]["max_abs_diff"] == 0, j["emulation"]
