@@ -10,7 +10,8 @@
 // file taking [N, 1, 28, 28] images, or [N, C, H, W] with --image.
 // Prints one JSON line: a step's time split into phases (the mean of STEPS steps after
 // 3 warm-up ones, nothing observing them), then the ops and allocations of one more
-// step (optimizer state exists by then), and with --names each op's count.
+// step (optimizer state exists by then) with the bytes of them it keeps past its end, and
+// with --names each op's count.
 // --time-only: no count (the ops and allocations are left out). peak_rss_mb is the process's
 // peak after the timed steps, before any counting or profiling; start_rss_mb before the model.
 // --matmul: STEPS more steps under torch's profiler, timing the matrix products (the
@@ -240,7 +241,8 @@ int main(int argc, char** argv) {
     if (!time_only) {
       const mixtrain::diagnose::StepOps ops = mixtrain::diagnose::count_step_ops(*learn, 1);
       out += ", \"ops\": " + std::to_string(ops.ops) + ", \"allocations\": " + std::to_string(ops.allocations) +
-             ", \"allocated_mb\": " + std::to_string(ops.allocated_bytes / 1e6);
+             ", \"allocated_mb\": " + std::to_string(ops.allocated_bytes / 1e6) +
+             ", \"kept_bytes\": " + std::to_string(ops.kept_bytes);
       if (list_names) {
         out += ", \"names\": {";
         for (auto it = ops.by_op.begin(); it != ops.by_op.end(); ++it)

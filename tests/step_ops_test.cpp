@@ -50,6 +50,23 @@ TEST_F(StepOpsTest, TheCnnStepDispatchesItsRecordedNumberOfOpsInFp32AndFp16) {
   EXPECT_GT(fp32.allocated_bytes, 16 * 16 * 14 * 14 * 4);  // the first convolution's output, at least
 }
 
+TEST_F(StepOpsTest, AStepKeepsNoActivationCastOrGraphPastItsEnd) {
+  // What a step may hold when it ends, until the next step replaces it: its prediction and
+  // loss (the callbacks read them), and its batch where the step casts it (bf16-master).
+  // One activation of the first convolution is 200 KB; autocast's cast cache of the
+  // convolutions' weights is 9.5 KB in bf16 (mutation-checked: a cache cleared when the
+  // next step's autocast opens, and a graph retained by the backward, both fail here).
+  const int64_t pred = 16 * 10 * 4, loss = 8, batch = 16 * 28 * 28 * 4;
+  for (const Precision p : {Precision::kFp32, Precision::kFp16, Precision::kBf16, Precision::kBf16Pure,
+                            Precision::kBf16Master}) {
+    const diagnose::StepOps step = count(p);
+    const int64_t allowed = pred + loss + (p == Precision::kBf16Master ? batch : 0);
+    EXPECT_GE(step.kept_bytes, pred) << precision_name(p) << ": the prediction is kept for the callbacks";
+    EXPECT_LE(step.kept_bytes, allowed) << precision_name(p) << ": the step keeps " << step.kept_bytes
+                                        << " bytes of its allocations past its end";
+  }
+}
+
 TEST_F(StepOpsTest, AStepThatIsNotInTheEpochIsOneLine) {
   const data::Dataset train{torch::randn({32, 1, 28, 28}), torch::randint(0, 10, {32})};
   Learner learn(models::simple_cnn(), data::DataLoaders::from_split({train, train}, 16, 0), cross_entropy(),

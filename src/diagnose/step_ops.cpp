@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -24,17 +25,22 @@ class Counter : public amp::OpObserver, public c10::MemoryReportingInfoBase {
              c10::ArrayRef<c10::IValue>, bool) override {
     if (counting) ++counts.by_op[name];
   }
-  void reportMemoryUsage(void*, int64_t bytes, size_t, size_t, c10::Device device) override {
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t, size_t, c10::Device device) override {
     // Frees report negative sizes; CUDA's caching allocator reports here too.
-    if (counting && bytes > 0 && device.is_cpu()) {
+    if (!device.is_cpu()) return;
+    if (counting && bytes > 0) {
       ++counts.allocations;
       counts.allocated_bytes += bytes;
+      live[ptr] = bytes;
+    } else if (bytes < 0) {
+      live.erase(ptr);  // freed, in the step or after it
     }
   }
   bool memoryProfilingEnabled() const override { return true; }
   bool counting = false;
   bool counted = false;
   StepOps counts;
+  std::unordered_map<void*, int64_t> live;  // the step's allocations not yet freed
 };
 
 /// Opens the count before every other callback's before_batch of the step (order
@@ -52,6 +58,7 @@ class CountStep : public Callback {
     if (opens_ || !counter_->counting) return;
     counter_->counting = false;
     counter_->counted = true;
+    for (const auto& [ptr, bytes] : counter_->live) counter_->counts.kept_bytes += bytes;
     throw CancelFitException();
   }
 

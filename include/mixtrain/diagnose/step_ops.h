@@ -29,6 +29,11 @@ struct StepOps {
   /// reads with profile_memory=True). CUDA allocations are not counted.
   int64_t allocations = 0;
   int64_t allocated_bytes = 0;
+  /// The bytes of the step's CPU allocations still held when it ends (after its last
+  /// callback): what the Learner keeps of a step until the next one (the batch, the
+  /// prediction and the loss). An activation, a cast cache or a graph kept past the step
+  /// shows here.
+  int64_t kept_bytes = 0;
   /// "aten::add_ 18, aten::mm 2, ...": the counts, largest first, for a message.
   std::string str() const;
 };
