@@ -18,7 +18,8 @@
 // kMatrixProducts below, outermost only); prints their mean a step ("matmul_ms"), the profiled
 // step's time ("profiled_step_ms": the profiler adds a little to every op) and the rest
 // of it ("outside_matmul_ms"). Both from one fit: the step's time moves more between fits
-// on a busy machine than the part outside the matrix products is. --threads: torch's threads (all cores by default).
+// on a busy machine than the part outside the matrix products is.
+// --threads: torch's threads (all cores by default).
 #include "bench_learner.h"
 
 #include <mixtrain/mixtrain.h>
@@ -33,8 +34,8 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <string>
 #include <set>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -52,9 +53,8 @@ constexpr const char* kMatrixProducts[] = {
 /// The time a step spends in matrix products, by torch's profiler (Kineto, CPU events), as
 /// bench/python_step_ops.py measures it: the kMatrixProducts events not inside another
 /// one, summed over the training steps from `from` on and divided by their number; and
-/// the ops outside them that take the most time of their own. The
-/// profiler observes every op, which costs time; the benches take the step's time from an
-/// unobserved fit and only this part from the profiled one.
+/// the ops outside them that take the most time of their own. The profiler observes every
+/// op, which costs a little time on each: the program that dispatches more ops pays more.
 class TimeMatmuls : public mixtrain::Callback {
  public:
   explicit TimeMatmuls(int64_t from) : from_(from) {}
