@@ -8,6 +8,7 @@
 #include <mixtrain/diagnose/step_ops.h>
 #include <mixtrain/mixtrain.h>
 
+#include <cstdlib>
 #include <stdexcept>
 
 namespace {
@@ -57,13 +58,20 @@ TEST_F(StepOpsTest, AStepKeepsNoActivationCastOrGraphPastItsEnd) {
   // convolutions' weights is 9.5 KB in bf16 (mutation-checked: a cache cleared when the
   // next step's autocast opens, and a graph retained by the backward, both fail here).
   const int64_t pred = 16 * 10 * 4, loss = 8, batch = 16 * 28 * 28 * 4;
-  for (const Precision p : {Precision::kFp32, Precision::kFp16, Precision::kBf16, Precision::kBf16Pure,
-                            Precision::kBf16Master}) {
-    const diagnose::StepOps step = count(p);
-    const int64_t allowed = pred + loss + (p == Precision::kBf16Master ? batch : 0);
-    EXPECT_GE(step.kept_bytes, pred) << precision_name(p) << ": the prediction is kept for the callbacks";
-    EXPECT_LE(step.kept_bytes, allowed) << precision_name(p) << ": the step keeps " << step.kept_bytes
-                                        << " bytes of its allocations past its end";
+  // Both CPU bf16 paths: the CPU's own bf16 kernels, and the emulation's fp32 tensors.
+  struct UnsetAfter {
+    ~UnsetAfter() { ::unsetenv("MIXTRAIN_CPU_BF16"); }
+  } unset_after;
+  for (const char* real_bf16 : {"1", "0"}) {
+    ::setenv("MIXTRAIN_CPU_BF16", real_bf16, 1);
+    for (const Precision p : {Precision::kFp32, Precision::kFp16, Precision::kBf16, Precision::kBf16Pure,
+                              Precision::kBf16Master}) {
+      SCOPED_TRACE(precision_name(p) + ", MIXTRAIN_CPU_BF16=" + real_bf16);
+      const diagnose::StepOps step = count(p);
+      const int64_t allowed = pred + loss + (p == Precision::kBf16Master ? batch : 0);
+      EXPECT_GE(step.kept_bytes, pred) << "the prediction is kept for the callbacks";
+      EXPECT_LE(step.kept_bytes, allowed) << "the step keeps " << step.kept_bytes << " bytes of its allocations past its end";
+    }
   }
 }
 
