@@ -24,6 +24,7 @@
 
 #include <mixtrain/mixtrain.h>
 
+#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
@@ -214,43 +215,41 @@ int main(int argc, char** argv) {
     // The first fit times the steps after the warm-up ones, with nothing observing them.
     StepSplit split;
     learn->fit(1, 1e-3, {std::make_shared<SplitSteps>(&split, warmup, true), std::make_shared<SplitSteps>(&split, warmup, false)});
-    std::string out = "{\"model\": \"" + name + "\", \"precision\": \"" + precision +
-                      "\", \"loop\": \"mixtrain\", \"optimizer\": \"" + (core ? "core" : "torch") + "\"";
+    nlohmann::ordered_json out = {{"model", name}, {"precision", precision}, {"loop", "mixtrain"},
+                                  {"optimizer", core ? "core" : "torch"}};
+    nlohmann::ordered_json phases = nlohmann::ordered_json::object();
     double step_ms = 0;
-    std::string phases;
     for (size_t i = 0; i < split.ms.size(); ++i) {
       const double ms = split.ms[i] / static_cast<double>(std::max<int64_t>(split.steps, 1));
       step_ms += ms;
-      phases += (i ? ", " : "") + std::string("\"") + StepSplit::kPhases[i] + "\": " + std::to_string(ms);
+      phases[StepSplit::kPhases[i]] = ms;
     }
-    out += ", \"step_ms\": " + std::to_string(step_ms) + ", \"phases_ms\": {" + phases + "}";
+    out["step_ms"] = step_ms;
+    out["phases_ms"] = phases;
     // The peak of the timed fit: the counting and profiling below hold more.
-    out += ", \"start_rss_mb\": " + std::to_string(start_rss_mb) + ", \"peak_rss_mb\": " + std::to_string(peak_rss_mb());
+    out["start_rss_mb"] = start_rss_mb;
+    out["peak_rss_mb"] = peak_rss_mb();
     // Then, with --matmul, the same steps again with the matrix products timed.
     if (matmul) {
       auto timer = std::make_shared<TimeMatmuls>(warmup);
       learn->fit(1, 1e-3, {timer});
-      out += ", \"matmul_ms\": " + std::to_string(timer->ms_per_step) +
-             ", \"outside_matmul_ms\": " + std::to_string(timer->profiled_step_ms - timer->ms_per_step) +
-             ", \"profiled_step_ms\": " + std::to_string(timer->profiled_step_ms) + ", \"outside_top_ms\": {";
-      for (size_t i = 0; i < timer->top_outside.size(); ++i)
-        out += (i ? ", \"" : "\"") + timer->top_outside[i].first + "\": " + std::to_string(timer->top_outside[i].second);
-      out += "}";
+      out["matmul_ms"] = timer->ms_per_step;
+      out["outside_matmul_ms"] = timer->profiled_step_ms - timer->ms_per_step;
+      out["profiled_step_ms"] = timer->profiled_step_ms;
+      nlohmann::ordered_json top = nlohmann::ordered_json::object();
+      for (const auto& [op, ms] : timer->top_outside) top[op] = ms;
+      out["outside_top_ms"] = top;
     }
     // Then one more step is counted (optimizer state exists by now), and the fit stops after it.
     if (!time_only) {
       const mixtrain::diagnose::StepOps ops = mixtrain::diagnose::count_step_ops(*learn, 1);
-      out += ", \"ops\": " + std::to_string(ops.ops) + ", \"allocations\": " + std::to_string(ops.allocations) +
-             ", \"allocated_mb\": " + std::to_string(ops.allocated_bytes / 1e6) +
-             ", \"kept_bytes\": " + std::to_string(ops.kept_bytes);
-      if (list_names) {
-        out += ", \"names\": {";
-        for (auto it = ops.by_op.begin(); it != ops.by_op.end(); ++it)
-          out += (it == ops.by_op.begin() ? "\"" : ", \"") + it->first + "\": " + std::to_string(it->second);
-        out += "}";
-      }
+      out["ops"] = ops.ops;
+      out["allocations"] = ops.allocations;
+      out["allocated_mb"] = ops.allocated_bytes / 1e6;
+      out["kept_bytes"] = ops.kept_bytes;
+      if (list_names) out["names"] = ops.by_op;
     }
-    std::printf("%s}\n", out.c_str());
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   });
 }

@@ -65,7 +65,6 @@ def main():
     med = statistics.median
     for (label, mode), pairs in results.items():
         ms = [med(p[i]["step_ms"] for p in pairs) for i in (0, 1)]
-        outside = ""
         if "outside_matmul_ms" in pairs[0][0]:
             o = [med(p[i]["outside_matmul_ms"] for p in pairs) for i in (0, 1)]
             outside = f"{o[0]:.1f} / {o[1]:.1f} | {o[0] / o[1]:.2f}"
