@@ -227,7 +227,7 @@ TEST(CliRoughEdgesTest, FlagsThatDoNothingInTheChosenModeAreWarned) {
   EXPECT_NE(bf16.err.find("mixtrain: warning: --loss-scale does nothing with --precision bf16"), std::string::npos) << bf16.err;
   const CliResult threads = run_cli("train --data " + dir + " --bs 16 --model mlp --threads 64 --out " +
                                     test::scratch_dir("cli_warn_threads"));
-  EXPECT_NE(threads.err.find("--threads 64 is more than this machine's"), std::string::npos) << threads.err;
+  EXPECT_NE(threads.err.find("--threads 64 is more than the "), std::string::npos) << threads.err;
   const CliResult quiet = run_cli(base + " --precision fp16 --init-scale 256 --force");
   EXPECT_EQ(quiet.err.find("warning"), std::string::npos) << quiet.err;
 }

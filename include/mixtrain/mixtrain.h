@@ -5,6 +5,7 @@
 #include "mixtrain/compat.h"
 
 #include "mixtrain/util/atomic_file.h"
+#include "mixtrain/util/cpu_budget.h"
 #include "mixtrain/util/host_read.h"
 #include "mixtrain/util/malloc_settings.h"
 #include "mixtrain/util/option_error.h"

@@ -250,7 +250,7 @@ TrainResult train(RunArgs a, const StopFlags& stop) {
             .numbers({{"lr", r.lr.last()}})));
     std::cout << "mixtrain train: model " << r.model << ", " << split.train.size() << " train / " << split.valid.size()
               << " valid samples, " << r.epochs << " epoch(s), lr " << r.lr.str() << ", bs " << r.bs << ", precision "
-              << precision_name(r.precision) << ", " << threads << " thread(s)"
+              << precision_name(r.precision) << ", " << threads_words(start)
               << (group ? ", " + std::to_string(env.world_size) + " ranks (--bs per rank)" : std::string()) << std::endl;
     if (!r.split_at.empty()) {
       std::cout << "mixtrain train: " << learn.n_groups() << " parameter groups (split at " << r.split_at
@@ -344,7 +344,6 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   validate(a, Command::kLrFind);
   const RunConfig& r = a.config;
   const RunStart start = start_run(a, /*world_size=*/1);
-  const int threads = start.threads;
   const data::DatasetSplit& split = start.split;
   // The model's fit to the data is checked before the folder is created.
   const auto learner = build_learner(a, split, /*progress=*/false);
@@ -357,8 +356,8 @@ LrFindResult lr_find(RunArgs a, const StopFlags& stop) {
   const LrFindOptions& o = a.lr_find;
   const int64_t batches = learner->dls().train.num_batches();
   std::cout << "mixtrain lr_find: model " << r.model << ", lr " << o.start_lr() << " to " << o.end_lr() << " over "
-            << o.num_it() << " steps, bs " << r.bs << ", precision " << precision_name(r.precision) << ", " << threads
-            << " thread(s)" << std::endl;
+            << o.num_it() << " steps, bs " << r.bs << ", precision " << precision_name(r.precision) << ", "
+            << threads_words(start) << std::endl;
   LrFindResult res = learner->lr_find(o);
   if (res.epochs > 1)
     std::cout << "the training set has " << batches << " batches per epoch: the sweep cycled through it " << res.epochs

@@ -190,7 +190,7 @@ diagnose::Diagnosis doctor_from_scratch(RunArgs a, const OptionWords& words, con
   };
   std::cout << "mixtrain doctor: model " << r.model << ", " << split.train.size() << " train samples, " << r.epochs
             << " epoch(s), lr " << r.lr.last() << ", bs " << r.bs << ", fp32 vs " << precision_name(r.precision) << ", "
-            << start.threads << " thread(s)" << std::endl;
+            << threads_words(start) << std::endl;
   const diagnose::CompareOptions options =
       session.options(r, PrecisionOptions(r.precision_options).rounding_seed(r.seed), r.lr.last())
           .side_by_side(true)  // build_learner's Learners share nothing
@@ -378,7 +378,7 @@ ReplayPoint choose_replay(const RunArgs& a, const RunFolder& run, const RunConfi
 /// Where the replay starts, as diagnosis.json and the report say it, with the run's own
 /// record; printed as the doctor's first lines.
 diagnose::Replay announce_replay(const RunFolder& run, const RunConfig& r, const ReplayPoint& at, const StepsCsv& csv,
-                                 int threads) {
+                                 const std::string& threads) {
   diagnose::Replay replay;
   replay.from = run.path();
   replay.checkpoint = at.checkpoint;
@@ -388,7 +388,7 @@ diagnose::Replay announce_replay(const RunFolder& run, const RunConfig& r, const
   replay.record = run_record(run, csv);
   std::cout << "mixtrain doctor: branching " << run.path() << " (model " << r.model << ", precision "
             << precision_name(r.precision) << ") from " << at.checkpoint << ": " << at.window << " steps in fp32 and in "
-            << precision_name(r.precision) << ", " << threads << " thread(s)" << std::endl;
+            << precision_name(r.precision) << ", " << threads << std::endl;
   std::cout << "the run's own record:" << std::endl;
   for (const auto& line : replay.record) std::cout << "  " << line << std::endl;
   return replay;
@@ -437,7 +437,7 @@ diagnose::Diagnosis doctor_from(RunArgs a, const OptionWords& words, const StopF
   session.open();  // everything is checked: the doctor's own folder is created now (never the run's)
 
   if (!one_process.empty()) at.notes.push_back(one_process);
-  diagnose::Replay replay = announce_replay(run, r, at, csv, prepared.threads);
+  diagnose::Replay replay = announce_replay(run, r, at, csv, threads_words(prepared));
 
   std::chrono::steady_clock::time_point fp32_ready;
   const diagnose::BranchFactory at_branch = [&](diagnose::Arm arm, const diagnose::MixedRun& trial) {
@@ -512,7 +512,7 @@ diagnose::Diagnosis doctor_from_loop(RunArgs a, const OptionWords& words, const 
   std::cout << "mixtrain doctor: branching the training loop (" << loop.optimizer
             << (replay.step >= 0 ? ", optimizer step " + std::to_string(replay.step) : std::string()) << ", lr "
             << short_number(lr, 3) << "): its next " << window << " batches in fp32 and in " << precision_name(r.precision)
-            << ", " << prepared.threads << " thread(s)" << std::endl;
+            << ", " << threads_words(prepared) << std::endl;
   const diagnose::BranchFactory at_loop = [&](diagnose::Arm arm, const diagnose::MixedRun& trial) {
     if (arm == diagnose::Arm::kFp32) std::cout << "doctor: 1/2 fp32 from the loop's state" << std::endl;
     if (arm == diagnose::Arm::kRun) std::cout << "doctor: 2/2 " << precision_name(r.precision) << " from the loop's state" << std::endl;

@@ -12,6 +12,7 @@
 #include "mixtrain/diagnose/fit_warning.h"
 #include "mixtrain/callbacks/gradient_clip.h"
 #include "mixtrain/util/option_error.h"
+#include "mixtrain/util/cpu_budget.h"
 #include "mixtrain/util/threads.h"
 #include "mixtrain/util/warnings.h"
 #include "mixtrain/run/model_registry.h"
@@ -102,9 +103,14 @@ data::DatasetSplit load_split(const RunArgs& a, int world_size) {
 RunStart start_run(const RunArgs& a, int world_size) {
   RunStart s;
   s.threads = configure_threads(a.config.threads, thread_policy(a.config));
+  if (a.config.threads == 0) s.threads_why = cpu_budget().why();
   torch::manual_seed(a.config.seed);
   s.split = load_split(a, world_size);
   return s;
+}
+
+std::string threads_words(const RunStart& start) {
+  return std::to_string(start.threads) + " thread(s)" + (start.threads_why.empty() ? "" : " (" + start.threads_why + ")");
 }
 
 ThreadPolicy thread_policy(const RunConfig& r) {

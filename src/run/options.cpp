@@ -219,7 +219,8 @@ std::vector<Option> make_table() {
           "Train on the first N training samples only (>= 1; default, or -1: all)")
           .stored().no_default().field<int64_t>(MIXTRAIN_CONFIG(limit)));
   add(Def("threads", "--threads", ValueType::kInt, kT | kD | kL,
-          "Threads in all (0: all cores), placed as --thread-policy says")
+          "Threads in all, placed as --thread-policy says (0: the physical cores this process may use, by its CPU "
+          "affinity and cgroup quota; OMP_NUM_THREADS when set)")
           .stored().at_least(0).field<int>(MIXTRAIN_CONFIG(threads)));
   add(Def("thread_policy", "--thread-policy", ValueType::kText, kT | kD | kL,
           "Where the threads go: intra_op (libtorch's OpenMP pool, OpenBLAS at 1: conv nets), blas (OpenBLAS, "
@@ -568,8 +569,8 @@ std::vector<Phrase> ignored_option_warnings(const RunArgs& args, const std::vect
                   (o->modes_note.empty() ? "" : " (" + o->modes_note + ")"));
   }
   if (cores > 0 && args.config.threads > cores)
-    out.push_back(Phrase::setting("threads", std::to_string(args.config.threads)) + " is more than this machine's " +
-                  std::to_string(cores) + " cores: threads will oversubscribe them");
+    out.push_back(Phrase::setting("threads", std::to_string(args.config.threads)) + " is more than the " +
+                  std::to_string(cores) + " CPU(s) this process may use: threads will oversubscribe them");
   return out;
 }
 

@@ -1,10 +1,10 @@
 #include "mixtrain/util/threads.h"
 
+#include "mixtrain/util/cpu_budget.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
-
-#include <thread>
 
 namespace mixtrain {
 
@@ -19,7 +19,8 @@ Fn openblas_symbol(const char* name) {
 
 int configure_threads(int n, ThreadPolicy policy) {
   TORCH_CHECK(n >= 0, "Invalid thread count: ", n, " (must be >= 1, or 0 for all cores)");
-  if (n == 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Not hardware_concurrency(): that counts CPUs a pinned or quota-held process cannot use.
+  if (n == 0) n = cpu_budget().threads();
   auto set_blas = openblas_symbol<void (*)(int)>("openblas_set_num_threads");
   if (policy == ThreadPolicy::kBlas && set_blas) {
     at::set_num_threads(1);

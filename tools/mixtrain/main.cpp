@@ -4,6 +4,7 @@
 // live in libmixtrain. What is left here is the terminal: flags, signals, exit
 // codes and the one-line errors.
 #include <mixtrain/compat.h>
+#include <mixtrain/util/cpu_budget.h>
 #include <mixtrain/util/option_error.h>
 #include <mixtrain/util/warnings.h>
 #include <mixtrain/models/failure_site.h>
@@ -145,7 +146,7 @@ std::string in_flag_terms(const mixtrain::Phrase& message) { return message.str(
 
 void warn_ignored(const run::RunArgs& args, const GivenFlags& given) {
   for (const auto& w :
-       run::ignored_option_warnings(args, given.keys(), static_cast<int>(std::thread::hardware_concurrency())))
+       run::ignored_option_warnings(args, given.keys(), mixtrain::cpu_budget().usable_cpus()))
     std::cerr << "mixtrain: warning: " << in_flag_terms(w) << std::endl;
 }
 

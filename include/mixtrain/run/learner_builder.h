@@ -27,8 +27,12 @@ ThreadPolicy thread_policy(const RunConfig& config);
 /// What a command has once its flags are checked: the threads it runs on and its data.
 struct RunStart {
   int threads = 0;  ///< the intra-op threads set (configure_threads)
+  /// Why `--threads 0` ("all cores") chose fewer than the CPUs online: CpuBudget::why(); "" otherwise.
+  std::string threads_why;
   data::DatasetSplit split;
 };
+/// "2 thread(s)", or "1 thread(s) (this process may run on 1 of 2 CPUs)": a command's header words.
+std::string threads_words(const RunStart& start);
 /// The start train, lr_find and the doctors share, in this order: the thread count set
 /// by the model's policy, the seed drawn, the data read and checked (load_split). Called
 /// after the command's own checks and before its folder is created, so that bad data is

@@ -148,7 +148,8 @@ void validate(const RunArgs& args, Command command);
 bool was_given(const Option& o, const RunArgs& a, const RunArgs& defaults);
 
 /// One warning for each option in `given` (keys) that does nothing in the chosen
-/// precision mode, and for more threads than `cores` (0: not checked).
+/// precision mode, and for more threads than `cores`, the CPUs this process may use
+/// (CpuBudget::usable_cpus; 0: not checked).
 std::vector<Phrase> ignored_option_warnings(const RunArgs& args, const std::vector<std::string>& given, int cores);
 
 /// The CLI's words: "--init-scale 256", "--precision bf16", "--no-emulation".

@@ -15,7 +15,9 @@ enum class ThreadPolicy {
   kBlas,
 };
 
-/// Uses `n` threads (0: all cores) as `policy` says. Returns n.
+/// Uses `n` threads as `policy` says; 0 means all cores: `cpu_budget().threads()`, the
+/// physical cores this process may use (its CPU affinity and cgroup quota), or
+/// OMP_NUM_THREADS / MKL_NUM_THREADS when set. Returns the count set.
 int configure_threads(int n = 0, ThreadPolicy policy = ThreadPolicy::kIntraOp);
 
 /// Threads OpenBLAS uses, or -1 when OpenBLAS is not the loaded BLAS.
