@@ -1,6 +1,7 @@
 // The built-in transformer's attention on the CPU: bf16 heads of short sequences are
 // computed in fp32 and rounded back (torch 2.13's bf16 flash attention is several times
-// slower there), longer ones by torch's bf16 kernel, and fp32 as it is.
+// slower there), longer ones by torch's bf16 kernel, and fp32 as it is; the heads'
+// gradients go back in one pass with autograd's own bits.
 #include "test_util.h"
 
 #include <mixtrain/mixtrain.h>
@@ -77,6 +78,52 @@ TEST_F(TransformerModelTest, LongBf16AttentionAndFp32AttentionRunTorchsKernelAsT
   attn->to(torch::kBFloat16);
   const torch::Tensor xb = x.to(torch::kBFloat16);
   EXPECT_TRUE(torch::equal(attn->forward(xb), by_hand(attn, xb, 4, sdpa)));
+}
+
+/// The gradients of the attention's input and of its weights, from `forward` given the
+/// output's gradient `g`.
+template <typename Forward>
+std::vector<torch::Tensor> gradients(models::CausalSelfAttention& attn, const torch::Tensor& x, const torch::Tensor& g,
+                                     Forward forward) {
+  attn->zero_grad();
+  const torch::Tensor input = x.detach().requires_grad_();
+  forward(input).backward(g);
+  std::vector<torch::Tensor> out{input.grad().clone()};
+  for (const auto& p : attn->parameters()) out.push_back(p.grad().clone());
+  return out;
+}
+
+TEST_F(TransformerModelTest, TheHeadsGradientsGoBackInOnePassWithAutogradsOwnBits) {
+  // SplitHeads' backward writes each head's gradient into its place of the projection's
+  // gradient (casting as it copies); autograd's backward of view -> permute -> unbind
+  // (and of `to` in bf16) stacks, copies and casts apart. Every gradient is equal.
+  struct Case {
+    const char* name;
+    c10::ScalarType dtype;
+    int64_t tokens;
+  };
+  for (const Case& c : {Case{"fp32", torch::kFloat, 64}, Case{"bf16, fp32 heads", torch::kBFloat16, 64},
+                        Case{"bf16, torch's bf16 kernel", torch::kBFloat16, 130}}) {
+    SCOPED_TRACE(c.name);
+    models::CausalSelfAttention attn(64, 4);
+    attn->to(c.dtype);
+    const torch::Tensor x = torch::randn({3, c.tokens, 64}).to(c.dtype);
+    const torch::Tensor g = torch::randn({3, c.tokens, 64}).to(c.dtype);
+    const bool fp32_heads = c.dtype == torch::kBFloat16 && c.tokens <= 128;
+    const auto got = gradients(attn, x, g, [&](const torch::Tensor& in) { return attn->forward(in); });
+    const auto expected = gradients(attn, x, g, [&](const torch::Tensor& in) {
+      return by_hand(attn, in, 4, [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+        if (!fp32_heads) return sdpa(q, k, v);
+        return sdpa(q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat)).to(torch::kBFloat16);
+      });
+    });
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].scalar_type(), c.dtype);
+      EXPECT_TRUE(torch::equal(got[i], expected[i])) << "gradient " << i << " differs";
+    }
+    EXPECT_GT(got[0].abs().sum().item<double>(), 0.0);  // the input's gradient went through the heads
+  }
 }
 
 } // namespace

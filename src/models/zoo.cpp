@@ -4,6 +4,7 @@
 #include "mixtrain/models/scripted_model.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
 #include <torch/nn.h>
 
 namespace mixtrain::models {
@@ -23,6 +24,46 @@ torch::Tensor linear(const nn::Linear& m, const torch::Tensor& x) { return at::l
 /// Sequences up to this long: torch 2.13's CPU flash attention is faster in fp32 than in bf16.
 constexpr int64_t kCpuBf16AttentionFp32UpTo = 128;
 
+/// [B, T, 3C] -> the three [B, H, T, C/H] heads q, k and v, as view -> permute -> unbind
+/// gives them (as `dtype` copies where that is not the input's). Autograd's backward of
+/// that chain stacks the three heads' gradients into a new tensor and copies it once
+/// more to make it [B, T, 3C] again (the step's `cat` and a `copy_`, each a pass over
+/// the projection's gradient, in every layer), and in bf16 casts each head's gradient
+/// first. This backward writes each head's gradient into its place in one [B, T, 3C]
+/// tensor, casting as it copies: one pass, and the same bits (a copy; a cast rounds as
+/// `to` does).
+struct SplitHeads : torch::autograd::Function<SplitHeads> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qkv,
+                                                int64_t heads, c10::ScalarType dtype) {
+    const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+    ctx->saved_data["shape"] = std::vector<int64_t>{b, t, 3, heads, c / heads};
+    ctx->saved_data["dtype"] = static_cast<int64_t>(qkv.scalar_type());
+    auto parts = qkv.view({b, t, 3, heads, c / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
+    if (dtype != qkv.scalar_type())
+      for (auto& p : parts) p = p.to(dtype);
+    return {parts[0], parts[1], parts[2]};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
+    torch::Tensor grad;
+    for (size_t i = 0; i < 3; ++i)
+      if (grads[i].defined()) grad = grads[i];
+    TORCH_INTERNAL_ASSERT(grad.defined(), "SplitHeads: a backward with no head gradient");
+    torch::Tensor out = at::empty(shape, grad.options().dtype(dtype));
+    for (int64_t i = 0; i < 3; ++i) {
+      torch::Tensor slot = out.select(2, i);  // [B, T, H, D]
+      if (grads[i].defined())
+        slot.copy_(grads[i].transpose(1, 2));
+      else
+        slot.zero_();
+    }
+    return {out.view({shape[0], shape[1], 3 * shape[3] * shape[4]}), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 /// Causal attention over [B, H, T, D] heads. On the CPU, torch 2.13's bf16 flash-attention
 /// kernels cost a fixed amount per batch and head that its fp32 ones do not (a few
 /// allocations each, thousands a step): forward and backward over 64 tokens in bf16 took
@@ -31,14 +72,18 @@ constexpr int64_t kCpuBf16AttentionFp32UpTo = 128;
 /// bf16 heads are computed in fp32, outside autocast, and the result is rounded back to
 /// bf16: the reduced-precision emulation's own model of attention (bf16 in, bf16 out), and
 /// more accurate than the bf16 kernel, which also rounds its softmax to bf16.
-torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  if (q.is_cpu() && q.scalar_type() == torch::kBFloat16 && q.size(2) <= kCpuBf16AttentionFp32UpTo) {
+///
+/// `qkv` is the [B, T, 3C] projection; SplitHeads gives the heads (in fp32 where they are
+/// computed so).
+torch::Tensor causal_attention(const torch::Tensor& qkv, int64_t heads) {
+  if (qkv.is_cpu() && qkv.scalar_type() == torch::kBFloat16 && qkv.size(1) <= kCpuBf16AttentionFp32UpTo) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
-    return at::scaled_dot_product_attention(q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat), /*attn_mask=*/{},
-                                            /*dropout_p=*/0.0, /*is_causal=*/true)
+    const auto h = SplitHeads::apply(qkv, heads, torch::kFloat);
+    return at::scaled_dot_product_attention(h[0], h[1], h[2], /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true)
         .to(torch::kBFloat16);
   }
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  const auto h = SplitHeads::apply(qkv, heads, qkv.scalar_type());
+  return at::scaled_dot_product_attention(h[0], h[1], h[2], /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
 }
 
 } // namespace
@@ -87,9 +132,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t d_model, int64_t heads)
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  // [B, T, 3C] -> three [B, H, T, C/H]
-  const auto parts = linear(qkv, x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
-  const torch::Tensor y = causal_attention(parts[0], parts[1], parts[2]);
+  const torch::Tensor y = causal_attention(linear(qkv, x), heads_);  // [B, H, T, C/H]
   return linear(proj, y.transpose(1, 2).reshape({b, t, c}));
 }
 
