@@ -1,5 +1,7 @@
 // mixtrain launch: data-parallel ranks on one machine and on two (network namespaces).
 #include "cli_util.h"
+
+#include <mixtrain/util/cpu_budget.h>
 #include "test_util.h"
 
 #include <arpa/inet.h>
@@ -54,6 +56,25 @@ TEST(CliLaunchTest, TwoRanksEndIdenticalAndMatchOneProcessWithTheGlobalBatch) {
   EXPECT_NEAR(a.at("valid_accuracy").get<double>(), b.at("valid_accuracy").get<double>(), 0.01);
   EXPECT_NEAR(a.at("valid_loss").get<double>(), b.at("valid_loss").get<double>(), 0.01);
   EXPECT_EQ(r.out.find("[rank 1] epoch"), std::string::npos) << r.out;  // only rank 0 reports the table
+}
+
+TEST(CliLaunchTest, LocalRanksSplitTheCoresBetweenThemByDefault) {
+  if (std::getenv("OMP_NUM_THREADS") || std::getenv("MKL_NUM_THREADS"))
+    GTEST_SKIP() << "OMP_NUM_THREADS or MKL_NUM_THREADS chooses the count";
+  // Each rank on every core oversubscribed them: 3-4x slower on this 2-core machine.
+  const std::string dist = test::scratch_dir("launch_shared");
+  const CliResult r = run_cli("launch --nproc 2 --master-port " + std::to_string(launch_port()) +
+                              " -- train --model mlp --limit 1024 --epochs 1 --bs 64 --seed 5 --out " + dist);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  CpuBudget shared = cpu_budget();
+  shared.local_ranks = 2;
+  const int each = shared.threads();
+  EXPECT_EQ(each, std::max(1, shared.unshared_threads() / 2));
+  EXPECT_EQ(read_json(dist + "/summary.json").at("threads"), each);
+  EXPECT_NE(r.out.find("[rank 0] mixtrain train: "), std::string::npos) << r.out;
+  const std::string why = shared.why();  // "2 local ranks share 2 cores" on this machine
+  EXPECT_NE(r.out.find(", " + std::to_string(each) + " thread(s)" + (why.empty() ? "" : " (" + why + ")") + ", 2 ranks"),
+            std::string::npos) << r.out;
 }
 
 TEST(CliLaunchTest, ARankThatDiesEndsTheLaunchWithAClearErrorQuickly) {

@@ -106,6 +106,14 @@ TEST(CpuBudgetTest, ThreadsAreThePhysicalCoresThisProcessMayUse) {
   b.env_threads = 3;
   EXPECT_EQ(b.threads(), 3);  // the user's count stands, as in torch
   EXPECT_EQ(b.why(), "as OMP_NUM_THREADS or MKL_NUM_THREADS asks");
+  CpuBudget ranks;  // mixtrain launch --nproc 3 on 8 cores: 2 threads each, not 8
+  ranks.online = ranks.affinity = ranks.cores = 8, ranks.local_ranks = 3;
+  EXPECT_EQ(ranks.threads(), 2);
+  EXPECT_EQ(ranks.why(), "3 local ranks share 8 cores");
+  ranks.local_ranks = 16;
+  EXPECT_EQ(ranks.threads(), 1);
+  ranks.env_threads = 2;
+  EXPECT_EQ(ranks.threads(), 2);  // OMP_NUM_THREADS is per process, as torchrun sets it
   CpuBudget all;
   all.online = all.affinity = all.cores = 4;
   EXPECT_EQ(all.threads(), 4);

@@ -115,6 +115,10 @@ int CpuBudget::usable_cpus() const {
 
 int CpuBudget::threads() const {
   if (env_threads > 0) return env_threads;
+  return std::max(1, unshared_threads() / std::max(1, local_ranks));
+}
+
+int CpuBudget::unshared_threads() const {
   const int usable = usable_cpus();
   return std::max(1, cores > 0 ? std::min(cores, usable) : usable);
 }
@@ -132,6 +136,9 @@ std::string CpuBudget::why() const {
   }
   if (cores > 0 && cores < usable_cpus())
     parts.push_back(std::to_string(cores) + (cores == 1 ? " physical core" : " physical cores"));
+  if (local_ranks > 1)
+    parts.push_back(std::to_string(local_ranks) + " local ranks share " + std::to_string(unshared_threads()) +
+                    (unshared_threads() == 1 ? " core" : " cores"));
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : "; ") + p;
   return out;
@@ -201,6 +208,7 @@ CpuBudget cpu_budget() {
   b.quota = cgroup_cpu_quota(text.str(), "/sys/fs/cgroup");
   b.env_threads = thread_count_from_env(std::getenv("OMP_NUM_THREADS"));
   if (b.env_threads == 0) b.env_threads = thread_count_from_env(std::getenv("MKL_NUM_THREADS"));
+  b.local_ranks = std::max(1, thread_count_from_env(std::getenv("LOCAL_WORLD_SIZE")));
   return b;
 }
 

@@ -121,6 +121,8 @@ int launch(const std::string& exe, const std::vector<std::string>& args, const L
       ::setenv("RANK", std::to_string(o.node_rank * o.nproc + k).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(k).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(o.nnodes * o.nproc).c_str(), 1);
+      // torchrun's too: the ranks on this machine split its cores between them (cpu_budget).
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
       std::vector<char*> argv;

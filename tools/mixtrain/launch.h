@@ -31,7 +31,8 @@ CLI::App* add_launch_subcommand(CLI::App& app, LaunchOptions& options);
 void check_launch(const LaunchOptions& options, const std::vector<std::string>& command);
 
 /// Runs `exe args...` as ranks 0..nproc-1 with RANK, WORLD_SIZE, LOCAL_RANK,
-/// MASTER_ADDR and MASTER_PORT set, prefixing each output line with "[rank k] ".
+/// LOCAL_WORLD_SIZE (the ranks split the machine's cores: cpu_budget), MASTER_ADDR
+/// and MASTER_PORT set, prefixing each output line with "[rank k] ".
 /// Each rank runs in its own process group, so SIGINT/SIGTERM reach the ranks
 /// once, forwarded by the launcher (a terminal's Ctrl-C included), and a rank
 /// gets SIGTERM if the launcher dies. When a rank fails, the others are
