@@ -52,14 +52,13 @@ struct SplitHeads : torch::autograd::Function<SplitHeads> {
     for (size_t i = 0; i < 3; ++i)
       if (grads[i].defined()) grad = grads[i];
     TORCH_INTERNAL_ASSERT(grad.defined(), "SplitHeads: a backward with no head gradient");
+    for (auto& g : grads)
+      if (!g.defined()) g = at::zeros_like(grad);  // a head the loss did not reach, as unbind's backward fills it
+    // One op into the [B, T, 3, H, D] layout seen as the three heads' [3, B, H, T, D]: each
+    // head's gradient is copied (and cast) into its place.
     torch::Tensor out = at::empty(shape, grad.options().dtype(dtype));
-    for (int64_t i = 0; i < 3; ++i) {
-      torch::Tensor slot = out.select(2, i);  // [B, T, H, D]
-      if (grads[i].defined())
-        slot.copy_(grads[i].transpose(1, 2));
-      else
-        slot.zero_();
-    }
+    torch::Tensor heads = out.permute({2, 0, 3, 1, 4});
+    at::stack_out(heads, grads, 0);
     return {out.view({shape[0], shape[1], 3 * shape[3] * shape[4]}), torch::Tensor(), torch::Tensor()};
   }
 };
