@@ -149,7 +149,7 @@ TEST(CpuBudgetTest, TheRunHeaderSaysWhyItTookFewerThreadsAndWarnsPastTheCpusItMa
   const std::string dir = test::fake_fashion_dir("cpu_budget_cli", 64, 32);
   const std::string out = test::scratch_dir("cpu_budget_out");
   const std::string base = "train --data " + dir + " --bs 16 --model mlp --epochs 1 --out " + out;
-  const CliResult pinned = test::run_cli(base + " --force", "taskset -c 0 ");
+  const test::CliResult pinned = test::run_cli(base + " --force", "taskset -c 0 ");
   ASSERT_EQ(pinned.code, 0) << pinned.err;
   if (std::thread::hardware_concurrency() > 1)
     EXPECT_NE(pinned.out.find(", 1 thread(s) (this process may run on 1 of "), std::string::npos) << pinned.out;
@@ -157,7 +157,7 @@ TEST(CpuBudgetTest, TheRunHeaderSaysWhyItTookFewerThreadsAndWarnsPastTheCpusItMa
     EXPECT_NE(pinned.out.find(", 1 thread(s)\n"), std::string::npos) << pinned.out;
   const auto summary = test::read_json(out + "/summary.json");
   EXPECT_EQ(summary.at("threads"), 1);
-  const CliResult over = test::run_cli(base + " --threads 2 --force", "taskset -c 0 ");
+  const test::CliResult over = test::run_cli(base + " --threads 2 --force", "taskset -c 0 ");
   EXPECT_EQ(over.code, 0) << over.err;
   EXPECT_NE(over.err.find("--threads 2 is more than the 1 CPU(s) this process may use"), std::string::npos) << over.err;
   EXPECT_NE(over.out.find(", 2 thread(s)\n"), std::string::npos) << over.out;  // a count given is kept, and not explained
