@@ -110,6 +110,7 @@ TEST(CpuBudgetTest, ThreadsAreThePhysicalCoresThisProcessMayUse) {
   ranks.online = ranks.affinity = ranks.cores = 8, ranks.local_ranks = 3;
   EXPECT_EQ(ranks.threads(), 2);
   EXPECT_EQ(ranks.why(), "3 local ranks share 8 cores");
+  EXPECT_EQ(ranks.cpus_per_rank(), 2);  // what the --threads warning counts
   ranks.local_ranks = 16;
   EXPECT_EQ(ranks.threads(), 1);
   ranks.env_threads = 2;

@@ -35,10 +35,10 @@ constexpr int64_t kCpuBf16AttentionFp32UpTo = 128;
 struct SplitHeads : torch::autograd::Function<SplitHeads> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qkv,
                                                 int64_t heads, c10::ScalarType dtype) {
-    const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
-    ctx->saved_data["shape"] = std::vector<int64_t>{b, t, 3, heads, c / heads};
+    const std::vector<int64_t> shape{qkv.size(0), qkv.size(1), 3, heads, qkv.size(2) / 3 / heads};
+    ctx->saved_data["shape"] = shape;
     ctx->saved_data["dtype"] = static_cast<int64_t>(qkv.scalar_type());
-    auto parts = qkv.view({b, t, 3, heads, c / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
+    auto parts = qkv.view(shape).permute({2, 0, 3, 1, 4}).unbind(0);
     if (dtype != qkv.scalar_type())
       for (auto& p : parts) p = p.to(dtype);
     return {parts[0], parts[1], parts[2]};

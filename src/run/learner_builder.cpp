@@ -102,8 +102,10 @@ data::DatasetSplit load_split(const RunArgs& a, int world_size) {
 
 RunStart start_run(const RunArgs& a, int world_size) {
   RunStart s;
-  s.threads = configure_threads(a.config.threads, thread_policy(a.config));
-  if (a.config.threads == 0) s.threads_why = cpu_budget().why();
+  // "All cores" read once: the count set and the words saying why come from the same read.
+  const CpuBudget budget = a.config.threads == 0 ? cpu_budget() : CpuBudget{};
+  s.threads = configure_threads(a.config.threads == 0 ? budget.threads() : a.config.threads, thread_policy(a.config));
+  if (a.config.threads == 0) s.threads_why = budget.why();
   torch::manual_seed(a.config.seed);
   s.split = load_split(a, world_size);
   return s;

@@ -18,6 +18,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// Keeps in `smallest` the smallest quota set so far (0: none set).
+void keep_smallest(double& smallest, double quota) {
+  if (quota > 0 && (smallest == 0 || quota < smallest)) smallest = quota;
+}
+
 /// The first line of a small /proc or /sys file; "" when it cannot be read.
 std::string first_line(const fs::path& file) {
   std::ifstream in(file);
@@ -74,10 +79,7 @@ double smallest_quota_on_path(const fs::path& mount, const std::string& cgroup, 
   }
   if (!fs::is_directory(dirs.back(), ec)) dirs.resize(1);
   double smallest = 0;
-  for (const auto& d : dirs) {
-    const double q = read(d);
-    if (q > 0 && (smallest == 0 || q < smallest)) smallest = q;
-  }
+  for (const auto& d : dirs) keep_smallest(smallest, read(d));
   return smallest;
 }
 
@@ -113,6 +115,8 @@ int CpuBudget::usable_cpus() const {
   return cpus;
 }
 
+int CpuBudget::cpus_per_rank() const { return std::max(1, usable_cpus() / std::max(1, local_ranks)); }
+
 int CpuBudget::threads() const {
   if (env_threads > 0) return env_threads;
   return std::max(1, unshared_threads() / std::max(1, local_ranks));
@@ -146,9 +150,7 @@ std::string CpuBudget::why() const {
 
 double cgroup_cpu_quota(const std::string& proc_self_cgroup, const fs::path& cgroup_root) {
   double smallest = 0;
-  const auto take = [&](double q) {
-    if (q > 0 && (smallest == 0 || q < smallest)) smallest = q;
-  };
+  const auto take = [&](double q) { keep_smallest(smallest, q); };
   std::istringstream lines(proc_self_cgroup);
   std::string line;
   while (std::getline(lines, line)) {

@@ -141,18 +141,12 @@ void install_stop_handlers() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
-/// The CPUs this process may use, shared evenly with the other ranks of its job on this machine.
-int cpus_per_local_rank() {
-  const mixtrain::CpuBudget b = mixtrain::cpu_budget();
-  return std::max(1, b.usable_cpus() / b.local_ranks);
-}
-
 /// A library message for the terminal: options named as flags, first line only.
 std::string in_flag_terms(const mixtrain::Phrase& message) { return message.str(run::flag_words()); }
 
 void warn_ignored(const run::RunArgs& args, const GivenFlags& given) {
   for (const auto& w :
-       run::ignored_option_warnings(args, given.keys(), cpus_per_local_rank()))
+       run::ignored_option_warnings(args, given.keys(), mixtrain::cpu_budget().cpus_per_rank()))
     std::cerr << "mixtrain: warning: " << in_flag_terms(w) << std::endl;
 }
 

@@ -26,6 +26,8 @@ struct CpuBudget {
 
   /// The CPUs this process may keep busy: its affinity, capped by the quota rounded up.
   int usable_cpus() const;
+  /// This process's even share of them among the local ranks (at least 1).
+  int cpus_per_rank() const;
   /// The threads "all cores" means. env_threads when set (torch reads the same two
   /// variables for its default); otherwise the physical cores among the usable CPUs,
   /// as torch's own default counts them (MKL's count; a hyperthread sibling adds no
