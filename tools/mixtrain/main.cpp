@@ -139,6 +139,10 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  // A write to a socket whose peer died (Gloo's, when another node is lost) must come
+  // back as an error the run names ("lost rank 1"), not kill it with SIGPIPE (exit 141):
+  // a CI run saw rank 0 die so. Python, and so torchrun's ranks, ignore it the same way.
+  ::signal(SIGPIPE, SIG_IGN);
 }
 
 /// A library message for the terminal: options named as flags, first line only.
