@@ -23,6 +23,8 @@ echo "== checkpoint_bench: save/load time against size"
 "$build/bench/checkpoint_bench"
 echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce share of a step"
 bash bench/distributed_bench.sh "$build" 3
+echo "== thread_budget_bench: the default thread count pinned to one CPU and under 2 local ranks, against every CPU online"
+bash bench/thread_budget_bench.sh "$build" 2
 echo "== front_door_bench: mixtrain.doctor from Python vs mixtrain doctor (CLI), same model and data"
 PYTHONPATH="$build/python" "$py" bench/front_door_bench.py "$build/tools/mixtrain/mixtrain" 3
 echo "== step_table: the Learner's step against a torch loop (CNN, MLP, ResNet-18, the small GPT), 1 round"
