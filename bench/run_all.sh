@@ -25,6 +25,8 @@ echo "== distributed_bench: 1 vs 2 ranks (mixtrain launch, Gloo), all-reduce sha
 bash bench/distributed_bench.sh "$build" 3
 echo "== thread_budget_bench: the default thread count pinned to one CPU and under 2 local ranks, against every CPU online"
 bash bench/thread_budget_bench.sh "$build" 2
+echo "== batch_norm_bench: the CNN step with models::BatchNorm2d's fast forward against torch's kernel"
+bash bench/batch_norm_bench.sh "$build" 3
 echo "== front_door_bench: mixtrain.doctor from Python vs mixtrain doctor (CLI), same model and data"
 PYTHONPATH="$build/python" "$py" bench/front_door_bench.py "$build/tools/mixtrain/mixtrain" 3
 echo "== step_table: the Learner's step against a torch loop (CNN, MLP, ResNet-18, the small GPT), 1 round"

@@ -18,6 +18,7 @@
 
 #include "mixtrain/parallel/distributed.h"
 
+#include "mixtrain/models/batch_norm.h"
 #include "mixtrain/models/loss.h"
 #include "mixtrain/models/model.h"
 #include "mixtrain/models/failure_site.h"

@@ -89,8 +89,8 @@ torch::Tensor causal_attention(const torch::Tensor& qkv, int64_t heads) {
 
 torch::nn::Sequential simple_cnn() {
   return nn::Sequential(
-      nn::Conv2d(nn::Conv2dOptions(1, 16, 3).stride(2).padding(1).bias(false)), nn::BatchNorm2d(16), nn::ReLU(),
-      nn::Conv2d(nn::Conv2dOptions(16, 32, 3).stride(2).padding(1).bias(false)), nn::BatchNorm2d(32), nn::ReLU(),
+      nn::Conv2d(nn::Conv2dOptions(1, 16, 3).stride(2).padding(1).bias(false)), BatchNorm2d(16), nn::ReLU(),
+      nn::Conv2d(nn::Conv2dOptions(16, 32, 3).stride(2).padding(1).bias(false)), BatchNorm2d(32), nn::ReLU(),
       nn::Flatten(), nn::Linear(32 * 7 * 7, 10));
 }
 
@@ -103,12 +103,12 @@ ResBlockImpl::ResBlockImpl(int64_t in, int64_t out, int64_t stride) {
     return nn::Conv2d(nn::Conv2dOptions(i, o, k).stride(s).padding(k / 2).bias(false));
   };
   conv1 = register_module("conv1", conv(in, out, 3, stride));
-  bn1 = register_module("bn1", nn::BatchNorm2d(out));
+  bn1 = register_module("bn1", BatchNorm2d(out));
   conv2 = register_module("conv2", conv(out, out, 3, 1));
-  bn2 = register_module("bn2", nn::BatchNorm2d(out));
+  bn2 = register_module("bn2", BatchNorm2d(out));
   if (stride != 1 || in != out) {
     shortcut_conv = register_module("shortcut_conv", conv(in, out, 1, stride));
-    shortcut_bn = register_module("shortcut_bn", nn::BatchNorm2d(out));
+    shortcut_bn = register_module("shortcut_bn", BatchNorm2d(out));
   }
 }
 
@@ -118,7 +118,7 @@ torch::Tensor ResBlockImpl::forward(const torch::Tensor& x) {
 }
 
 torch::nn::Sequential resnet() {
-  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)), nn::BatchNorm2d(16),
+  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)), BatchNorm2d(16),
                         nn::ReLU(), ResBlock(16, 16, 1), ResBlock(16, 32, 2), ResBlock(32, 64, 2),
                         nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(64, 10));
 }

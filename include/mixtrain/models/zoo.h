@@ -3,6 +3,7 @@
 /// the doctor, as libtorch modules. Which name builds which, with its default data
 /// and threads, is the run layer's registry (mixtrain/run/model_registry.h).
 
+#include "mixtrain/models/batch_norm.h"
 #include "mixtrain/models/model.h"
 
 #include <torch/nn/modules/container/modulelist.h>
@@ -37,7 +38,7 @@ class ResBlockImpl : public torch::nn::Module {
 
  private:
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, shortcut_conv{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, shortcut_bn{nullptr};
+  BatchNorm2d bn1{nullptr}, bn2{nullptr}, shortcut_bn{nullptr};
 };
 TORCH_MODULE(ResBlock);
 

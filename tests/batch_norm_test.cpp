@@ -1,0 +1,106 @@
+// models::BatchNorm2d: torch's BatchNorm2d to the bit, forward and backward, whichever way its
+// forward goes. Each test runs torch's module and ours from the same state on the same batch and
+// compares every output, gradient and buffer with torch::equal.
+#include "test_util.h"
+
+#include <mixtrain/mixtrain.h>
+#include <mixtrain/models/batch_norm.h>
+
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+using namespace mixtrain;
+
+struct Stepped {
+  std::vector<torch::Tensor> values;  // output, input grad, weight grad, bias grad, buffers
+};
+
+/// Two training steps of `bn` on batches shaped `shape` (the second sees the first's running
+/// statistics), then one in evaluation; everything they produce.
+template <typename Module>
+Stepped step(Module bn, std::vector<int64_t> shape, bool channels_last = false) {
+  Stepped s;
+  bn->train();
+  for (int round = 0; round < 2; ++round) {
+    torch::Tensor x = (torch::randn(shape) * 3 + 1.5);
+    if (channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+    x.requires_grad_(true);
+    const torch::Tensor y = bn->forward(x);
+    const torch::Tensor g = torch::randn(shape);
+    y.backward(g);
+    s.values.insert(s.values.end(), {y.detach(), x.grad()});
+    for (const auto& p : bn->parameters()) {
+      s.values.push_back(p.grad().clone());
+      p.mutable_grad().zero_();
+    }
+  }
+  for (const auto& b : bn->buffers()) s.values.push_back(b.clone());
+  bn->eval();
+  s.values.push_back(bn->forward(torch::randn(shape)).detach());
+  return s;
+}
+
+void expect_same_bits(const Stepped& ours, const Stepped& theirs) {
+  ASSERT_EQ(ours.values.size(), theirs.values.size());
+  for (size_t i = 0; i < ours.values.size(); ++i)
+    EXPECT_TRUE(torch::equal(ours.values[i], theirs.values[i]))
+        << "value " << i << " differs by up to " << (ours.values[i] - theirs.values[i]).abs().max().item<double>();
+}
+
+class BatchNormTest : public test::SeededTest {
+ protected:
+  /// Ours and torch's module from the same options and batches.
+  void compare(const torch::nn::BatchNormOptions& options, const std::vector<int64_t>& shape, bool fast,
+               bool channels_last = false) {
+    torch::manual_seed(7);
+    models::BatchNorm2d ours(options);
+    torch::nn::BatchNorm2d theirs(options);
+    {
+      const torch::NoGradGuard no_grad;
+      if (options.affine()) {  // weights away from 1 and 0, so their arithmetic shows
+        ours->weight.uniform_(0.5, 1.5);
+        ours->bias.uniform_(-1, 1);
+        theirs->weight.copy_(ours->weight);
+        theirs->bias.copy_(ours->bias);
+      }
+    }
+    torch::Tensor probe = torch::zeros(shape);
+    if (channels_last) probe = probe.contiguous(torch::MemoryFormat::ChannelsLast);
+    EXPECT_EQ(models::batch_norm_fast_path_applies(*ours, probe), fast);
+    torch::manual_seed(11);
+    const Stepped a = step(ours, shape, channels_last);
+    torch::manual_seed(11);
+    const Stepped b = step(theirs, shape, channels_last);
+    expect_same_bits(a, b);
+  }
+};
+
+TEST_F(BatchNormTest, TheFastForwardGivesTorchsBitsOnTheShapesItServes) {
+  // The built-in CNN's two layers, rows that end off the vector width, channels that do not
+  // fill a thread's block, one image, and a cumulative average (no momentum).
+  for (const int threads : {1, 2}) {
+    torch::set_num_threads(threads);
+    compare(torch::nn::BatchNormOptions(16), {256, 16, 14, 14}, true);
+    compare(torch::nn::BatchNormOptions(32), {64, 32, 7, 7}, true);
+    compare(torch::nn::BatchNormOptions(11), {5, 11, 3, 5}, true);
+    compare(torch::nn::BatchNormOptions(2), {1, 2, 1, 2}, true);
+    compare(torch::nn::BatchNormOptions(9).momentum(std::nullopt).eps(1e-3), {4, 9, 6, 6}, true);
+  }
+}
+
+TEST_F(BatchNormTest, EverythingElseIsTorchsOwnForward) {
+  compare(torch::nn::BatchNormOptions(4).affine(false), {8, 4, 5, 5}, false);
+  compare(torch::nn::BatchNormOptions(4).track_running_stats(false), {8, 4, 5, 5}, false);
+  compare(torch::nn::BatchNormOptions(8), {8, 8, 5, 5}, false, /*channels_last=*/true);
+  compare(torch::nn::BatchNormOptions(1), {8, 1, 5, 5}, false);
+  compare(torch::nn::BatchNormOptions(4), {8, 4, 1, 1}, false);
+  models::BatchNorm2d bn(4);
+  EXPECT_FALSE(models::batch_norm_fast_path_applies(*bn, torch::zeros({8, 4, 5, 5}, torch::kBFloat16)));
+  EXPECT_FALSE(models::batch_norm_fast_path_applies(*bn, torch::zeros({8, 4, 5, 5}).transpose(2, 3)));
+  const amp::autocast on_cpu(torch::kCPU, torch::kBFloat16);
+  EXPECT_FALSE(models::batch_norm_fast_path_applies(*bn, torch::zeros({8, 4, 5, 5})));
+}
+
+} // namespace
