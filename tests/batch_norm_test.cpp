@@ -80,12 +80,15 @@ class BatchNormTest : public test::SeededTest {
 TEST_F(BatchNormTest, TheFastForwardGivesTorchsBitsOnTheShapesItServes) {
   // The built-in CNN's two layers, rows that end off the vector width, channels that do not
   // fill a thread's block, one image, and a cumulative average (no momentum).
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    GTEST_SKIP() << "the fast path needs AVX2 and FMA; without them every forward is torch's (the test below)";
   for (const int threads : {1, 2}) {
     torch::set_num_threads(threads);
     compare(torch::nn::BatchNormOptions(16), {256, 16, 14, 14}, true);
     compare(torch::nn::BatchNormOptions(32), {64, 32, 7, 7}, true);
     compare(torch::nn::BatchNormOptions(11), {5, 11, 3, 5}, true);
     compare(torch::nn::BatchNormOptions(2), {1, 2, 1, 2}, true);
+    compare(torch::nn::BatchNormOptions(8), {3, 8, 2, 3}, true);  // eight channels, rows shorter than a vector
     compare(torch::nn::BatchNormOptions(9).momentum(std::nullopt).eps(1e-3), {4, 9, 6, 6}, true);
   }
 }
@@ -101,6 +104,25 @@ TEST_F(BatchNormTest, EverythingElseIsTorchsOwnForward) {
   EXPECT_FALSE(models::batch_norm_fast_path_applies(*bn, torch::zeros({8, 4, 5, 5}).transpose(2, 3)));
   const amp::autocast on_cpu(torch::kCPU, torch::kBFloat16);
   EXPECT_FALSE(models::batch_norm_fast_path_applies(*bn, torch::zeros({8, 4, 5, 5})));
+}
+
+TEST_F(BatchNormTest, TheBuiltInCnnAndResNetNormalizeWithIt) {
+  // Every BatchNorm of the two built-in image models is ours: 2 in the CNN; in the ResNet, the
+  // stem's, two a block and the two strided blocks' shortcuts.
+  const auto count = [](const torch::nn::Module& model, int64_t& ours, int64_t& all) {
+    for (const auto& m : model.modules(/*include_self=*/false)) {
+      all += dynamic_cast<const torch::nn::BatchNorm2dImpl*>(m.get()) != nullptr;
+      ours += dynamic_cast<const models::BatchNorm2dImpl*>(m.get()) != nullptr;
+    }
+  };
+  int64_t ours = 0, all = 0;
+  count(*models::simple_cnn(), ours, all);
+  EXPECT_EQ(ours, 2);
+  EXPECT_EQ(all, 2);
+  ours = all = 0;
+  count(*models::resnet(), ours, all);
+  EXPECT_EQ(ours, 9);
+  EXPECT_EQ(all, 9);
 }
 
 } // namespace
