@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # models::BatchNorm2d's fast forward against torch's kernel (BENCHMARKS.md, "BatchNorm's
-# statistics"): the built-in CNN's step (bs 256, fp32, `step_ops ... --time-only`) with the fast
+# statistics"): first one forward of each of the CNN's two BatchNorms (bench/batch_norm_forward.cpp),
+# then the built-in CNN's step (bs 256, fp32, `step_ops ... --time-only`) with the fast
 # path on and with MIXTRAIN_TORCH_BATCH_NORM=1, interleaved, ROUNDS rounds each, at 1 and 2
 # threads; medians of the step and its forward, and their ratios (fast / torch's).
 #   bench/batch_norm_bench.sh [BUILD_DIR] [ROUNDS]
@@ -9,7 +10,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rounds=${2:-3}
 py=${MIXTRAIN_PYTHON:-.venv/bin/python}
-cmake --build "$build" --target step_ops >/dev/null
+cmake --build "$build" --target step_ops batch_norm_forward >/dev/null
+"$build/bench/batch_norm_forward"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for threads in 1 2; do
