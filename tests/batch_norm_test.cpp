@@ -93,6 +93,32 @@ TEST_F(BatchNormTest, TheFastForwardGivesTorchsBitsOnTheShapesItServes) {
   }
 }
 
+TEST_F(BatchNormTest, ASecondDerivativeAndNoGradForwardsAreTorchsToo) {
+  // A gradient penalty differentiates the backward: torch's backward kernel is differentiable
+  // from the saved statistics on, as after torch's own forward. Without autograd (no_grad), the
+  // running statistics move as torch's do.
+  const auto run = [](auto bn) {
+    torch::manual_seed(3);
+    bn->train();
+    const torch::Tensor x = torch::randn({6, 9, 5, 7}, torch::requires_grad());
+    const torch::Tensor y = bn->forward(x);
+    const torch::Tensor g = torch::autograd::grad({(y * y).sum()}, {x}, {}, /*retain_graph=*/true,
+                                                  /*create_graph=*/true)[0];
+    (g * g).sum().backward();
+    std::vector<torch::Tensor> out{y.detach(), g.detach(), x.grad(), bn->weight.grad(), bn->bias.grad()};
+    {
+      const torch::NoGradGuard no_grad;
+      out.push_back(bn->forward(torch::randn({6, 9, 5, 7})));
+    }
+    for (const auto& b : bn->buffers()) out.push_back(b.clone());
+    return out;
+  };
+  const auto ours = run(models::BatchNorm2d(9));
+  const auto theirs = run(torch::nn::BatchNorm2d(9));
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "value " << i;
+}
+
 TEST_F(BatchNormTest, EverythingElseIsTorchsOwnForward) {
   compare(torch::nn::BatchNormOptions(4).affine(false), {8, 4, 5, 5}, false);
   compare(torch::nn::BatchNormOptions(4).track_running_stats(false), {8, 4, 5, 5}, false);
