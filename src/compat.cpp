@@ -86,6 +86,11 @@ bool cpu_has_native_bf16() {
   return false;
 }
 
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
 torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
   auto& state = optimizer.state();
   const auto it = state.find(p.unsafeGetTensorImpl());

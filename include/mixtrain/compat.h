@@ -31,6 +31,8 @@ void set_autocast_cache_enabled(bool enabled);
 /// Whether the CPU has native bf16 instructions (AVX512-BF16 or AMX). The
 /// environment variable MIXTRAIN_CPU_BF16=0 (or 1) overrides what /proc/cpuinfo says.
 bool cpu_has_native_bf16();
+/// Whether the CPU has AVX2 and FMA (the hand-vectorized CPU kernels' instructions), asked once.
+bool cpu_has_avx2_fma();
 /// The optimizer's state for parameter `p`, or nullptr before its first step.
 torch::optim::OptimizerParamState* optimizer_state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p);
 /// Sets the optimizer's state for parameter `p` (a restored one: a training loop's).

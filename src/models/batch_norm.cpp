@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 namespace mixtrain::models {
 
@@ -137,6 +138,7 @@ __attribute__((target("avx2,fma"))) void eight_chains_avx2(const float* x, int64
 }
 
 /// channel_statistics<8> on a CPU with AVX2.
+static_assert(kChainsPerThread == 8, "eight_chains_avx2 runs a block of eight channels");
 void eight_channel_statistics(const float* x, int64_t n_batch, int64_t channels, int64_t hw, int64_t c0, float* mean,
                               float* var_sum) {
   const int64_t count = n_batch * hw;
@@ -179,9 +181,9 @@ Statistics training_forward(const Tensor& input, const Tensor& weight, const Ten
   const int64_t count = n_batch * hw;
   const float* x = input.const_data_ptr<float>();
   Tensor save_mean = at::empty({channels}, input.options());
-  Tensor var_sum = at::empty({channels}, input.options());
   float* mean = save_mean.mutable_data_ptr<float>();
-  float* vs = var_sum.mutable_data_ptr<float>();
+  std::vector<float> var_sum(static_cast<size_t>(channels));
+  float* vs = var_sum.data();
 
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t per_block =
@@ -190,7 +192,7 @@ Statistics training_forward(const Tensor& input, const Tensor& weight, const Ten
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t c0 = b * per_block, k = std::min(per_block, channels - c0);
-      if (k == 8) {
+      if (k == kChainsPerThread) {
         eight_channel_statistics(x, n_batch, channels, hw, c0, mean, vs);
         continue;
       }
@@ -254,14 +256,12 @@ struct TrainingBatchNorm : torch::autograd::Function<TrainingBatchNorm> {
   }
 };
 
-bool cpu_has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-
 /// Whether this process's torch and CPU give the bits the fast path gives: both forwards once,
 /// on a batch whose rows end off the vector width and whose channels make a block of eight and
 /// one of one, compared bit for bit (values from a formula: the caller's random streams stay
 /// untouched).
 bool matches_torch_here() {
-  if (!cpu_has_avx2_fma()) return false;
+  if (!compat::cpu_has_avx2_fma()) return false;
   const char* off = std::getenv("MIXTRAIN_TORCH_BATCH_NORM");
   if (off && std::strcmp(off, "1") == 0) return false;
   const torch::NoGradGuard no_grad;

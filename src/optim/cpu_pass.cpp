@@ -6,6 +6,8 @@
 // Contracted elsewhere, the bits would depend on the compiler.
 #include "cpu_pass.h"
 
+#include "mixtrain/compat.h"
+
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -25,9 +27,8 @@ namespace {
 // MIXTRAIN_CPU_AVX2=0 takes the element-by-element path on a CPU with AVX2 (tests: the two
 // paths give the same bits). Read at each span: a test sets it within one process.
 bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const char* forced = std::getenv("MIXTRAIN_CPU_AVX2");
-  return has && !(forced && std::string(forced) == "0");
+  return compat::cpu_has_avx2_fma() && !(forced && std::string(forced) == "0");
 }
 
 // ---- one element: the tail of the vector loops, and the whole pass without AVX2 ----
