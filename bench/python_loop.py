@@ -4,19 +4,23 @@
 same model, data, normalization, AdamW hyper-parameters, fastai's one-cycle
 formula per step, batch size and epoch. Prints one JSON line like raw_loop.
 
-    python_loop.py [DATA_DIR] [--compile]
+    python_loop.py [DATA_DIR] [--compile] [--channels-last]
 
 --compile: the model through torch.compile (inductor, the machine's C++ compiler), compiled
 before the timed epoch (its training and validation graphs, on a batch whose effects are undone);
-the compile's own time is reported apart as compile_seconds."""
+the compile's own time is reported apart as compile_seconds.
+--channels-last: the model as PyTorch's channels-last tutorial has it,
+model.to(memory_format=torch.channels_last) (mixtrain's built-in CNN runs its activations
+channels-last; this is the Python loop that does the same)."""
 import gzip, json, math, sys, time
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-args = [a for a in sys.argv[1:] if a != "--compile"]
+args = [a for a in sys.argv[1:] if a not in ("--compile", "--channels-last")]
 compiled = "--compile" in sys.argv[1:]
+channels_last = "--channels-last" in sys.argv[1:]
 data_dir = args[0] if args else "/usr/share/datasets/fashion-mnist"
 
 def read_idx(path):
@@ -42,6 +46,8 @@ model = nn.Sequential(
     nn.Conv2d(1, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
     nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
     nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+if channels_last:
+    model = model.to(memory_format=torch.channels_last)
 lr_max, bs = 3e-3, 256
 opt = torch.optim.AdamW(model.parameters(), lr=lr_max, betas=(0.95, 0.99), eps=1e-5, weight_decay=0.01)
 gen = torch.Generator().manual_seed(42)
@@ -85,4 +91,5 @@ with torch.no_grad():
 seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": round(seconds, 4), "valid_accuracy": correct / xv.shape[0],
                   "train_loss": loss_sum / steps, "threads": torch.get_num_threads(),
+                  **({"channels_last": True} if channels_last else {}),
                   **({"compile_seconds": round(compile_seconds, 2)} if compiled else {})}))

@@ -19,6 +19,7 @@
 #include "mixtrain/parallel/distributed.h"
 
 #include "mixtrain/models/batch_norm.h"
+#include "mixtrain/models/channels_last.h"
 #include "mixtrain/models/loss.h"
 #include "mixtrain/models/model.h"
 #include "mixtrain/models/failure_site.h"

@@ -1,5 +1,6 @@
 #include "mixtrain/models/zoo.h"
 
+#include "mixtrain/models/channels_last.h"
 #include "mixtrain/models/module_scope.h"
 #include "mixtrain/models/scripted_model.h"
 
@@ -88,10 +89,12 @@ torch::Tensor causal_attention(const torch::Tensor& qkv, int64_t heads) {
 } // namespace
 
 torch::nn::Sequential simple_cnn() {
+  // Its activations run channels-last from the first convolution to the flatten
+  // (channels_last.h says why).
   return nn::Sequential(
-      nn::Conv2d(nn::Conv2dOptions(1, 16, 3).stride(2).padding(1).bias(false)), BatchNorm2d(16), nn::ReLU(),
+      ChannelsLastConv2d(nn::Conv2dOptions(1, 16, 3).stride(2).padding(1).bias(false)), BatchNorm2d(16), nn::ReLU(),
       nn::Conv2d(nn::Conv2dOptions(16, 32, 3).stride(2).padding(1).bias(false)), BatchNorm2d(32), nn::ReLU(),
-      nn::Flatten(), nn::Linear(32 * 7 * 7, 10));
+      ChannelsLastFlatten(), nn::Linear(32 * 7 * 7, 10));
 }
 
 torch::nn::Sequential mlp() {
@@ -118,9 +121,10 @@ torch::Tensor ResBlockImpl::forward(const torch::Tensor& x) {
 }
 
 torch::nn::Sequential resnet() {
-  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)), BatchNorm2d(16),
+  // Channels-last activations from the stem on, as in simple_cnn().
+  return nn::Sequential(ChannelsLastConv2d(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)), BatchNorm2d(16),
                         nn::ReLU(), ResBlock(16, 16, 1), ResBlock(16, 32, 2), ResBlock(32, 64, 2),
-                        nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(64, 10));
+                        nn::AdaptiveAvgPool2d(1), ChannelsLastFlatten(), nn::Linear(64, 10));
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t d_model, int64_t heads) : heads_(heads) {
