@@ -44,7 +44,9 @@ struct FlattenChannelsLast : torch::autograd::Function<FlattenChannelsLast> {
 } // namespace
 
 Tensor to_channels_last(const Tensor& x) {
-  if (x.dim() != 4 || !channels_last_activations() || runs_channels_last(x)) return x;
+  // CPU only: the gain is oneDNN's, measured here; cuDNN's fp32 convolutions were not
+  // measured on channels-last, so a GPU batch keeps the layout it was given.
+  if (x.dim() != 4 || !x.is_cpu() || !channels_last_activations() || runs_channels_last(x)) return x;
   // One channel in the default layout holds its values in channels-last order already: new
   // strides say so without a copy (a batch of images; a tensor that needs a gradient is
   // copied, as as_strided's backward is a scatter).

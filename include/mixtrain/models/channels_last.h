@@ -5,8 +5,9 @@
 /// torch's default [N, C, H, W] layout, and on the default layout its backward computes the
 /// input's gradient in channels-last anyway and copies it back (a `clone` inside
 /// `convolution_backward`, 1 ms a step on the built-in CNN's second convolution at 2
-/// threads). On the built-in CNN the whole step took 0.8x the time with its activations
-/// channels-last (BENCHMARKS.md "The CNN on channels-last activations").
+/// threads). The built-in CNN's whole step took 0.79-0.91x the time with its activations
+/// channels-last, in fp32 and bf16 (BENCHMARKS.md "The built-in CNN and ResNet on
+/// channels-last activations").
 ///
 /// Only activations change layout: the parameters (and so their gradients, the optimizer's
 /// state, checkpoints and state_dict) stay torch's default contiguous layout, which is what
@@ -37,8 +38,9 @@ namespace mixtrain::models {
 /// MIXTRAIN_CONTIGUOUS_CONV=1 (read once per process).
 bool channels_last_activations();
 
-/// `x` in the channels-last layout when it is a 4-D tensor and channels_last_activations(),
-/// otherwise `x`. Differentiable; no copy when `x` is channels-last already.
+/// `x` in the channels-last layout when it is a 4-D CPU tensor and channels_last_activations(),
+/// otherwise `x` (a GPU batch keeps its layout: the gain was measured on oneDNN only).
+/// Differentiable; no copy when `x` is channels-last already.
 torch::Tensor to_channels_last(const torch::Tensor& x);
 
 class ChannelsLastConv2dImpl : public torch::nn::Conv2dImpl {
