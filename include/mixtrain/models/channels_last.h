@@ -13,7 +13,8 @@
 /// state, checkpoints and state_dict) stay torch's default contiguous layout, which is what
 /// the optimizer core and the checkpoint format read. The arithmetic is torch's own kernels
 /// on the other layout, which sum in another order: the numbers are not the default layout's
-/// bits, they are what PyTorch gives the same model with `memory_format=torch.channels_last`.
+/// bits, they are what torch's own modules give the same state on a channels-last batch
+/// (ChannelsLastTest).
 /// MIXTRAIN_CONTIGUOUS_CONV=1 keeps the default layout (A/B, or the earlier bits).
 ///
 /// - ChannelsLastConv2d: torch::nn::Conv2d whose forward first gives a 4-D input the
