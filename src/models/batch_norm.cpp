@@ -19,6 +19,7 @@
 #include "mixtrain/models/batch_norm.h"
 
 #include "mixtrain/compat.h"
+#include "util/env_switch.h"
 
 #include <ATen/Parallel.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -31,8 +32,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -262,8 +261,7 @@ struct TrainingBatchNorm : torch::autograd::Function<TrainingBatchNorm> {
 /// untouched).
 bool matches_torch_here() {
   if (!compat::cpu_has_avx2_fma()) return false;
-  const char* off = std::getenv("MIXTRAIN_TORCH_BATCH_NORM");
-  if (off && std::strcmp(off, "1") == 0) return false;
+  if (mixtrain::detail::env_equals("MIXTRAIN_TORCH_BATCH_NORM", "1")) return false;
   const torch::NoGradGuard no_grad;
   const int64_t n = 3, c = 9, h = 6, w = 7;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat);

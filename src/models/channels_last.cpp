@@ -1,21 +1,17 @@
 // Channels-last activations for the built-in image models: the layout change at the first
 // convolution and its undoing at the flatten, with a gradient in the layout each side uses.
 #include "mixtrain/models/channels_last.h"
+#include "util/env_switch.h"
 
 #include <torch/autograd.h>
 
-#include <cstdlib>
-#include <cstring>
 
 namespace mixtrain::models {
 
 using torch::Tensor;
 
 bool channels_last_activations() {
-  static const bool on = [] {
-    const char* off = std::getenv("MIXTRAIN_CONTIGUOUS_CONV");
-    return !(off && std::strcmp(off, "1") == 0);
-  }();
+  static const bool on = !mixtrain::detail::env_equals("MIXTRAIN_CONTIGUOUS_CONV", "1");
   return on;
 }
 

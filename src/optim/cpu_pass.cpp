@@ -7,6 +7,7 @@
 #include "cpu_pass.h"
 
 #include "mixtrain/compat.h"
+#include "util/env_switch.h"
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -16,8 +17,6 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 #include <limits>
 
 namespace mixtrain::optim::detail {
@@ -27,8 +26,7 @@ namespace {
 // MIXTRAIN_CPU_AVX2=0 takes the element-by-element path on a CPU with AVX2 (tests: the two
 // paths give the same bits). Read at each span: a test sets it within one process.
 bool cpu_has_avx2_fma() {
-  const char* forced = std::getenv("MIXTRAIN_CPU_AVX2");
-  return compat::cpu_has_avx2_fma() && !(forced && std::string(forced) == "0");
+  return compat::cpu_has_avx2_fma() && !mixtrain::detail::env_equals("MIXTRAIN_CPU_AVX2", "0");
 }
 
 // ---- one element: the tail of the vector loops, and the whole pass without AVX2 ----
