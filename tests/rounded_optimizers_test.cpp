@@ -203,7 +203,9 @@ TEST_F(RoundedOptimizersTest, AdamsFusedPassWithAndWithoutAvx2AndTheOpsOnAStride
                                                       kahan ? comp_base.t() : torch::Tensor(), kind, amsgrad, rule, step);
             const amp::LostUpdates b =
                 adam_core_step(w, g, st, kahan ? comp : torch::Tensor(), kind, amsgrad, rule, step);
+            ASSERT_EQ(optim::cpu_pass_vectorized(), compat::cpu_has_avx2_fma());
             ::setenv("MIXTRAIN_CPU_AVX2", "0", 1);
+            ASSERT_FALSE(optim::cpu_pass_vectorized());  // else both runs would take one path
             const amp::LostUpdates c =
                 adam_core_step(w_scalar, g, st_scalar, kahan ? comp_scalar : torch::Tensor(), kind, amsgrad, rule, step);
             ::unsetenv("MIXTRAIN_CPU_AVX2");

@@ -21,13 +21,13 @@
 
 namespace mixtrain::optim::detail {
 
-namespace {
-
 // MIXTRAIN_CPU_AVX2=0 takes the element-by-element path on a CPU with AVX2 (tests: the two
 // paths give the same bits). Read at each span: a test sets it within one process.
-bool cpu_has_avx2_fma() {
+bool cpu_pass_vectorized() {
   return compat::cpu_has_avx2_fma() && !mixtrain::detail::env_equals("MIXTRAIN_CPU_AVX2", "0");
 }
+
+namespace {
 
 // ---- one element: the tail of the vector loops, and the whole pass without AVX2 ----
 
@@ -182,7 +182,7 @@ __attribute__((target("avx2,fma"))) void sqrt_span_avx2(const float* in, float* 
 }
 
 void sqrt_span(const float* in, float* out, int64_t n) {
-  if (cpu_has_avx2_fma()) return sqrt_span_avx2(in, out, n);
+  if (cpu_pass_vectorized()) return sqrt_span_avx2(in, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(in[i]);
 }
 
@@ -224,7 +224,7 @@ void adam_span(const AdamScalars& s, int64_t n, Operand param, Operand grad, Ope
   TORCH_INTERNAL_ASSERT(exp_avg.bf16 == exp_avg_sq.bf16 && (!s.amsgrad || max_sq.bf16 == exp_avg.bf16),
                         "adam_span: the moments share one dtype");
   TORCH_INTERNAL_ASSERT(param.bf16 == (new_weight != nullptr), "adam_span: a bf16 weight is written to scratch");
-  if (cpu_has_avx2_fma())
+  if (cpu_pass_vectorized())
     return adam_span_avx2_for<>({param.bf16, grad.bf16, exp_avg.bf16, s.amsgrad, s.coupled_decay})(
         s, n, param, grad, exp_avg, exp_avg_sq, max_sq, new_weight, old_weight);
   for (int64_t i = 0; i < n; ++i) adam_one(s, i, param, grad, exp_avg, exp_avg_sq, max_sq, new_weight, old_weight);
@@ -240,7 +240,7 @@ __attribute__((target("avx2,fma"))) void store_bf16_avx2(const float* from, cons
 
 void store_bf16(const float* from, void* to, int64_t n) {
   const Operand out{to, true};
-  if (cpu_has_avx2_fma()) return store_bf16_avx2(from, out, n);
+  if (cpu_pass_vectorized()) return store_bf16_avx2(from, out, n);
   for (int64_t i = 0; i < n; ++i) store1(out, i, from[i]);
 }
 

@@ -52,6 +52,10 @@ struct Operand {
 void adam_span(const AdamScalars& s, int64_t n, Operand param, Operand grad, Operand exp_avg, Operand exp_avg_sq,
                Operand max_sq, float* new_weight, float* old_weight);
 
+/// Whether the passes here run their AVX2+FMA loops now: the CPU has them and
+/// MIXTRAIN_CPU_AVX2 is not "0" (read at each call).
+bool cpu_pass_vectorized();
+
 /// Writes fp32 values that are bf16 values already into bf16 storage (to nearest: exact).
 void store_bf16(const float* from, void* to, int64_t n);
 /// Widens bf16 storage to fp32 (exact).

@@ -10,6 +10,8 @@
 
 namespace mixtrain::optim {
 
+bool cpu_pass_vectorized() { return detail::cpu_pass_vectorized(); }
+
 std::vector<std::string> state_names(const UpdateRule& rule) {
   switch (rule.kind) {
     case OptimizerKind::kAdamW:

@@ -74,6 +74,12 @@ struct UpdateRule {
 /// + grad_avg when centered); Adagrad sum.
 std::vector<std::string> state_names(const UpdateRule& rule);
 
+/// Whether the core's CPU passes (the fused Adam pass, its square root, bf16 stores) run
+/// their AVX2+FMA loops in this process now: the CPU has them and MIXTRAIN_CPU_AVX2 is not
+/// "0". Otherwise they run the same arithmetic one element at a time, to the same bits, so
+/// this changes no result: it says which code a report or a test exercised.
+bool cpu_pass_vectorized();
+
 /// One parameter's step.
 struct ParamStep {
   torch::Tensor param;               ///< updated in place; any floating dtype, any device
