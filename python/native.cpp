@@ -533,6 +533,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("update_parameters", &update_parameters, py::arg("kind"), py::arg("params"), py::arg("grads"),
         py::arg("states"), py::arg("hyper"), py::arg("steps"), py::arg("fresh_momentum"), py::arg("weight_update"),
         py::arg("compensations"), py::arg("seed"), py::arg("streams"));
+  // Which code the core's CPU passes run (AVX2+FMA loops or one element at a time, the same
+  // bits either way): a benchmark's or a report's record of the path it measured.
+  m.def("cpu_pass_vectorized", &mixtrain::optim::cpu_pass_vectorized);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

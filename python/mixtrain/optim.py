@@ -29,7 +29,7 @@ import torch
 
 from . import _native
 
-__all__ = ["AdamW", "Adam", "SGD", "RMSprop", "Adagrad", "from_torch", "WEIGHT_UPDATES"]
+__all__ = ["AdamW", "Adam", "SGD", "RMSprop", "Adagrad", "from_torch", "cpu_pass_vectorized", "WEIGHT_UPDATES"]
 
 WEIGHT_UPDATES = ("nearest", "stochastic", "kahan")
 
@@ -323,3 +323,11 @@ def from_torch(optimizer, weight_update="stochastic", seed=0):
     converted.load_state_dict(optimizer.state_dict())
     _check_params(converted.param_groups, weight_update)
     return converted
+
+
+def cpu_pass_vectorized():
+    """Whether the step's CPU passes (the fused Adam pass, its square root, the bf16 stores) run
+    their AVX2+FMA loops in this process now: the CPU has them and ``MIXTRAIN_CPU_AVX2`` is not
+    ``"0"``. Otherwise they run the same arithmetic one element at a time, to the same bits, so
+    this changes no result: it says which code a benchmark or a report measured."""
+    return _native.cpu_pass_vectorized()

@@ -5,7 +5,6 @@
 
 #include <torch/autograd.h>
 
-
 namespace mixtrain::models {
 
 using torch::Tensor;

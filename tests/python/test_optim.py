@@ -174,6 +174,36 @@ def test_the_core_gives_the_same_bits_on_one_thread_and_two():
     assert torch.equal(a, b) and la == lb
 
 
+def test_the_core_gives_the_same_bits_on_its_vectorized_path_and_element_by_element(monkeypatch):
+    """MIXTRAIN_CPU_AVX2=0 runs the core's CPU passes one element at a time, as on a CPU
+    without AVX2: the same weights and lost-update counts to the bit, in fp32 and in each bf16
+    rule. cpu_pass_vectorized() says the switch took (else both runs would take one path)."""
+    flags = set(open("/proc/cpuinfo").read().split())
+
+    def steps():
+        out = []
+        for kind, dtype, rule in ((optim.AdamW, torch.float32, "nearest"), (optim.AdamW, torch.bfloat16, "nearest"),
+                                  (optim.AdamW, torch.bfloat16, "stochastic"), (optim.AdamW, torch.bfloat16, "kahan"),
+                                  (optim.SGD, torch.bfloat16, "stochastic")):
+            g = torch.Generator().manual_seed(5)
+            w = torch.randn(BIG, generator=g).to(dtype).requires_grad_()
+            opt = kind([w], lr=1e-3, weight_update=rule, seed=7, **({"momentum": 0.9} if kind is optim.SGD else {}))
+            for _ in range(3):
+                w.grad = torch.randn(BIG, generator=g).to(dtype)
+                opt.step()
+            out.append((w.detach().clone(), opt.lost_updates()))
+        return out
+
+    monkeypatch.delenv("MIXTRAIN_CPU_AVX2", raising=False)
+    assert optim.cpu_pass_vectorized() == ("avx2" in flags and "fma" in flags)
+    vectorized = steps()
+    monkeypatch.setenv("MIXTRAIN_CPU_AVX2", "0")
+    assert not optim.cpu_pass_vectorized()
+    by_element = steps()
+    for (a, lost_a), (b, lost_b) in zip(vectorized, by_element):
+        assert torch.equal(a, b) and lost_a == lost_b
+
+
 def test_bf16_storage_holds_8_bytes_a_parameter_and_learns_where_nearest_stalls():
     """The new user's case in small: a pretrained LayerNorm MLP fine-tuned in bf16 at a small lr."""
     torch.manual_seed(0)
